@@ -1,0 +1,296 @@
+package valkeystream
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for the configuration fields. Each field's comment names the one it
+// uses.
+const (
+	// DefaultBatchSize is the most entries one read or claim asks for.
+	DefaultBatchSize = 100
+	// DefaultBlockTime bounds one blocking read of new entries.
+	DefaultBlockTime = time.Second
+	// DefaultClaimInterval is how often a consumer reclaims idle entries of
+	// other consumers.
+	DefaultClaimInterval = 5 * time.Second
+	// DefaultClaimMinIdle is how long an entry must have been idle, by the
+	// server's clock, before another consumer may reclaim it.
+	DefaultClaimMinIdle = 30 * time.Second
+	// DefaultAckFlushInterval bounds how long an Ack waits before it is sent.
+	DefaultAckFlushInterval = 100 * time.Millisecond
+	// DefaultInvalidEntrySuffix names the stream that receives undecodable
+	// entries: the stream key plus this suffix.
+	DefaultInvalidEntrySuffix = ".invalid"
+)
+
+// StartPosition is where a new consumer group begins reading. It has no usable
+// zero value: a [Subscriber] must declare one.
+type StartPosition int
+
+const (
+	// StartNew begins a new group at the stream's end ("$"): it receives only
+	// entries added after the group was created.
+	StartNew StartPosition = iota + 1
+	// StartHead begins a new group at the stream's head ("0"): it receives
+	// every entry already in the stream, then new ones.
+	StartHead
+)
+
+// String returns "new" or "head".
+func (p StartPosition) String() string {
+	switch p {
+	case StartNew:
+		return "new"
+	case StartHead:
+		return "head"
+	default:
+		return fmt.Sprintf("StartPosition(%d)", int(p))
+	}
+}
+
+// id is the id XGROUP CREATE takes for the position.
+func (p StartPosition) id() string {
+	if p == StartHead {
+		return "0"
+	}
+	return "$"
+}
+
+// ParseStartPosition reads a start position from text, as found in a
+// configuration file or an environment variable: "new" or "$" is [StartNew],
+// "head" or "0" is [StartHead].
+func ParseStartPosition(s string) (StartPosition, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "new", "$":
+		return StartNew, nil
+	case "head", "0":
+		return StartHead, nil
+	default:
+		return 0, fmt.Errorf("%w: start position %q is unknown: use %q ($, only new entries) or %q (0, replay the stream from its head)",
+			ErrInvalidConfig, s, "new", "head")
+	}
+}
+
+// SubscriberConfig configures a [Subscriber]. [NewSubscriber] takes a copy, so
+// later changes by the caller have no effect.
+type SubscriberConfig struct {
+	// Client is the connection to the server: a *redis.Client,
+	// *redis.ClusterClient, a Sentinel failover client or a ring. Required.
+	// Every running subscription holds one of its connections while it
+	// blocks for new entries, so its PoolSize must exceed the number of
+	// subscriptions running at once.
+	Client redis.UniversalClient
+
+	// ConsumerGroup is the consumer group the subscriptions read through.
+	// Each entry goes to exactly one consumer of the group and stays pending
+	// until it is Acked. Empty means fan-out: every subscription reads every
+	// entry with XREAD, nothing is acknowledged and nothing is pending.
+	ConsumerGroup string
+
+	// Consumer is this consumer's name in the group. A consumer that restarts
+	// under the same name gets its own pending entries back before anything
+	// new. Default: the host name, which is stable across restarts of a
+	// process on the same host. When several subscriptions of one process
+	// read the same stream through the same group at once, the second gets
+	// the name with "-2" appended, the third "-3", and so on, so that no two
+	// of them share a pending list. Two processes that share a host must set
+	// distinct names. Only used with ConsumerGroup.
+	Consumer string
+
+	// Start is where a new consumer group begins: StartNew ($, only entries
+	// added after the group exists) or StartHead (0, the whole stream).
+	// Required, with no default. An existing group keeps its position. A
+	// fan-out subscription (no ConsumerGroup) begins at the same place.
+	Start StartPosition
+
+	// KeyPrefix is prepended to every topic to form the stream key. It must
+	// not contain '{' or '}', so that a topic's hash tag still decides its
+	// cluster slot. Default: none.
+	KeyPrefix string
+
+	// BatchSize is the most entries one read (XREADGROUP or XREAD COUNT) or
+	// one claim (XAUTOCLAIM COUNT) takes. A subscription never holds more
+	// fetched but undelivered entries than this. Default: DefaultBatchSize.
+	BatchSize int64
+
+	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
+	// cancelled Subscribe context wait at most about this long for a read in
+	// progress. It cannot be infinite. Default: DefaultBlockTime.
+	BlockTime time.Duration
+
+	// ClaimInterval is the beat on which the subscription reclaims entries
+	// other consumers left idle for ClaimMinIdle. Only used with
+	// ConsumerGroup. Default: DefaultClaimInterval.
+	ClaimInterval time.Duration
+
+	// ClaimMinIdle is how long an entry must have been idle, as the server
+	// measures it, before another consumer reclaims it (XAUTOCLAIM
+	// min-idle-time). A handler that runs longer than this can see its entry
+	// delivered to a peer as well. It must exceed BlockTime and
+	// AckFlushInterval. Only used with ConsumerGroup. Default:
+	// DefaultClaimMinIdle.
+	ClaimMinIdle time.Duration
+
+	// NackResendDelay is how long a Nacked message waits before it is
+	// delivered again. Default: 0, at once.
+	NackResendDelay time.Duration
+
+	// AckFlushInterval bounds how long an Ack may wait to be sent together
+	// with later ones. Acks are always sent before the next read and on
+	// Close. Only used with ConsumerGroup. Default: DefaultAckFlushInterval.
+	AckFlushInterval time.Duration
+
+	// InvalidEntrySuffix names the stream that receives entries that cannot
+	// be decoded: the stream key plus this suffix. Such an entry is copied
+	// there with its raw fields and the error, then acknowledged. Only used
+	// with ConsumerGroup. Default: DefaultInvalidEntrySuffix.
+	InvalidEntrySuffix string
+
+	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
+	Unmarshaler Unmarshaler
+
+	// CloseClient makes Close close Client too. Default: false, the client
+	// stays open for its owner.
+	CloseClient bool
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.ConsumerGroup != "" && c.Consumer == "" {
+		if host, err := os.Hostname(); err == nil {
+			c.Consumer = host
+		}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BlockTime == 0 {
+		c.BlockTime = DefaultBlockTime
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = DefaultClaimInterval
+	}
+	if c.ClaimMinIdle == 0 {
+		c.ClaimMinIdle = DefaultClaimMinIdle
+	}
+	if c.AckFlushInterval == 0 {
+		c.AckFlushInterval = DefaultAckFlushInterval
+	}
+	if c.InvalidEntrySuffix == "" {
+		c.InvalidEntrySuffix = DefaultInvalidEntrySuffix
+	}
+	if c.Unmarshaler == nil {
+		c.Unmarshaler = DefaultMarshaler{}
+	}
+}
+
+// Validate reports the first problem with the configuration, as an error
+// that wraps [ErrInvalidConfig] and names the field. Zero values that have a
+// default are valid. Validate does not change c.
+func (c SubscriberConfig) Validate() error {
+	c.setDefaults()
+	switch {
+	case c.Client == nil:
+		return fmt.Errorf("%w: Client is required: pass a go-redis v9 client", ErrInvalidConfig)
+	case c.Start != StartNew && c.Start != StartHead:
+		return fmt.Errorf("%w: Start is %s: declare StartNew ($, only entries added after the group exists) or StartHead (0, replay the stream from its head)",
+			ErrInvalidConfig, describeStart(c.Start))
+	case c.ConsumerGroup != "" && c.Consumer == "":
+		return fmt.Errorf("%w: Consumer is empty and the host name is unknown: set Consumer", ErrInvalidConfig)
+	case strings.ContainsAny(c.KeyPrefix, "{}"):
+		return fmt.Errorf("%w: KeyPrefix %q contains '{' or '}': a prefix must not change the cluster hash slot of a topic", ErrInvalidConfig, c.KeyPrefix)
+	case c.BatchSize < 0:
+		return fmt.Errorf("%w: BatchSize is %d: it must be positive", ErrInvalidConfig, c.BatchSize)
+	case c.BlockTime < time.Millisecond:
+		return fmt.Errorf("%w: BlockTime is %s: it must be at least 1ms (the server counts in milliseconds, and an infinite block could never be interrupted)", ErrInvalidConfig, c.BlockTime)
+	case c.ClaimInterval < 0:
+		return fmt.Errorf("%w: ClaimInterval is %s: it must be positive", ErrInvalidConfig, c.ClaimInterval)
+	case c.NackResendDelay < 0:
+		return fmt.Errorf("%w: NackResendDelay is %s: it must not be negative", ErrInvalidConfig, c.NackResendDelay)
+	case c.AckFlushInterval < 0:
+		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive", ErrInvalidConfig, c.AckFlushInterval)
+	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
+		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
+			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)
+	}
+	return nil
+}
+
+func describeStart(p StartPosition) string {
+	if p == 0 {
+		return "not set"
+	}
+	return p.String()
+}
+
+// PublisherConfig configures a [Publisher]. [NewPublisher] takes a copy, so
+// later changes by the caller have no effect.
+type PublisherConfig struct {
+	// Client is the connection to the server. Required.
+	Client redis.UniversalClient
+
+	// KeyPrefix is prepended to every topic to form the stream key. It must
+	// not contain '{' or '}'. Default: none.
+	KeyPrefix string
+
+	// Marshaler encodes messages into entries. Default: DefaultMarshaler.
+	Marshaler Marshaler
+
+	// Retention trims a topic's stream as entries are added, by topic (the
+	// name passed to Publish, without KeyPrefix). Default: no trimming.
+	//
+	// Trimming removes entries whether or not a consumer group has handled
+	// them: an entry trimmed while it is still pending is lost to its group
+	// (the Subscriber acknowledges it and counts it in Stats.MissingBodies),
+	// and one trimmed before any group read it is never delivered. Keep
+	// retention well above the longest backlog you expect.
+	Retention map[string]Retention
+
+	// CloseClient makes Close close Client too. Default: false.
+	CloseClient bool
+}
+
+// Retention is how much of a stream a [Publisher] keeps. Trimming is
+// approximate ("~"), the cheap form: the server may keep a few more entries
+// than asked. At most one of the fields may be set.
+type Retention struct {
+	// MaxLen keeps about this many newest entries (XADD MAXLEN ~). 0: no limit.
+	MaxLen int64
+	// MaxAge keeps entries younger than this (XADD MINID ~ with an id made
+	// from the publishing host's clock minus MaxAge, so clock skew between
+	// host and server shifts it). 0: no limit.
+	MaxAge time.Duration
+}
+
+func (c *PublisherConfig) setDefaults() {
+	if c.Marshaler == nil {
+		c.Marshaler = DefaultMarshaler{}
+	}
+}
+
+// Validate reports the first problem with the configuration, as an error
+// that wraps [ErrInvalidConfig] and names the field. Validate does not change
+// c.
+func (c PublisherConfig) Validate() error {
+	c.setDefaults()
+	if c.Client == nil {
+		return fmt.Errorf("%w: Client is required: pass a go-redis v9 client", ErrInvalidConfig)
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return fmt.Errorf("%w: KeyPrefix %q contains '{' or '}': a prefix must not change the cluster hash slot of a topic", ErrInvalidConfig, c.KeyPrefix)
+	}
+	for topic, r := range c.Retention {
+		switch {
+		case r.MaxLen < 0 || r.MaxAge < 0:
+			return fmt.Errorf("%w: Retention[%q] is negative: MaxLen and MaxAge must be 0 (no limit) or positive", ErrInvalidConfig, topic)
+		case r.MaxLen > 0 && r.MaxAge > 0:
+			return fmt.Errorf("%w: Retention[%q] sets both MaxLen and MaxAge: the server trims by one of them, choose one", ErrInvalidConfig, topic)
+		}
+	}
+	return nil
+}

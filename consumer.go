@@ -1,0 +1,511 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// FieldInvalidError is the field of an invalid-entry stream entry that holds
+// why the original entry could not be decoded. The entry also carries the
+// original fields and, under the Metadata* keys, where it came from.
+const FieldInvalidError = "valkeystream_error"
+
+// entry is one stream entry on its way to the handler.
+type entry struct {
+	id     string
+	fields map[string]any // nil when the body is gone from the stream
+	count  int64          // the server's delivery count
+}
+
+// groupLoop is one consumer-group subscription. Only its own goroutine
+// touches it. It recovers before it reads anything new: after a start or a
+// fault it drains its own pending entries from cursor 0, on every claim beat
+// it reclaims entries other consumers left idle, and only then it reads new
+// entries. It fetches only when nothing it fetched is still undelivered and
+// every Ack has been sent, so it never claims an entry it is handling.
+type groupLoop struct {
+	sub      *Subscriber
+	cfg      *SubscriberConfig
+	client   redis.UniversalClient
+	key      string
+	group    string
+	consumer string
+	out      chan *message.Message
+	logger   watermill.LoggerAdapter
+
+	queue []entry // fetched, not yet delivered, in order
+
+	acks       []string    // Acked ids not yet sent
+	ackTimer   *time.Timer // fires when the oldest of acks is due
+	ackFailing bool        // the last flush failed (logged once per streak)
+
+	draining  bool   // the own pending list is being drained
+	drainFrom string // cursor of the drain
+	claimFrom string // cursor of XAUTOCLAIM
+	nextClaim time.Time
+
+	faults int // consecutive failed calls
+}
+
+func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &groupLoop{
+		sub:       s,
+		cfg:       &s.config,
+		client:    s.config.Client,
+		key:       key,
+		group:     s.config.ConsumerGroup,
+		consumer:  consumer,
+		out:       out,
+		logger:    logger,
+		ackTimer:  t,
+		draining:  true,
+		drainFrom: "0",
+		claimFrom: "0-0",
+	}
+}
+
+func (l *groupLoop) run(ctx context.Context) {
+	defer close(l.out)
+	defer l.flushOnExit()
+	for ctx.Err() == nil {
+		if len(l.queue) == 0 {
+			if err := l.fetch(ctx); err != nil {
+				if ctx.Err() != nil || !l.fault(ctx, "fetching entries", err) {
+					return
+				}
+				continue
+			}
+			if l.faults > 0 {
+				l.logger.Info("Stream reads resumed", watermill.LogFields{"failed_attempts": l.faults})
+				l.faults = 0
+			}
+			continue
+		}
+		e := l.queue[0]
+		l.queue = l.queue[1:]
+		if !l.handle(ctx, e) {
+			return
+		}
+	}
+}
+
+// fetch fills the queue: from the own pending list while draining, else from
+// idle entries of others when the claim beat is due, else with new entries.
+func (l *groupLoop) fetch(ctx context.Context) error {
+	if err := l.flushAcks(ctx); err != nil {
+		return err
+	}
+	switch {
+	case l.draining:
+		return l.drain(ctx)
+	case !time.Now().Before(l.nextClaim):
+		return l.claim(ctx)
+	default:
+		return l.readNew(ctx)
+	}
+}
+
+func (l *groupLoop) drain(ctx context.Context) error {
+	streams, err := l.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    l.group,
+		Consumer: l.consumer,
+		Streams:  []string{l.key, l.drainFrom},
+		Count:    l.cfg.BatchSize,
+		Block:    -1,
+	}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("draining own pending entries: %w", err)
+	}
+	var msgs []redis.XMessage
+	if len(streams) > 0 {
+		msgs = streams[0].Messages
+	}
+	if len(msgs) == 0 {
+		l.draining = false
+		return nil
+	}
+	l.drainFrom = msgs[len(msgs)-1].ID
+	n, err := l.enqueueWithCounts(ctx, msgs)
+	if err != nil {
+		return fmt.Errorf("reading delivery counts of drained entries: %w", err)
+	}
+	l.sub.stats.drained.Add(int64(n))
+	l.logger.Debug("Drained own pending entries", watermill.LogFields{"entries": len(msgs)})
+	return nil
+}
+
+func (l *groupLoop) claim(ctx context.Context) error {
+	reply, err := l.client.Do(ctx, "XAUTOCLAIM", l.key, l.group, l.consumer,
+		l.cfg.ClaimMinIdle.Milliseconds(), l.claimFrom, "COUNT", l.cfg.BatchSize).Slice()
+	if err != nil {
+		return fmt.Errorf("reclaiming idle entries: %w", err)
+	}
+	next, msgs, deleted, err := parseAutoClaim(reply)
+	if err != nil {
+		return fmt.Errorf("reclaiming idle entries: %w", err)
+	}
+	l.claimFrom = next
+	if next == "0-0" {
+		// The pending list was scanned to its end; the next beat starts over.
+		// Until then, a cursor other than 0-0 means more to reclaim first.
+		l.nextClaim = time.Now().Add(l.cfg.ClaimInterval)
+	}
+	for _, id := range deleted {
+		// The server already dropped these from the pending list.
+		l.reportMissing(id, false)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	n, err := l.enqueueWithCounts(ctx, msgs)
+	if err != nil {
+		return fmt.Errorf("reading delivery counts of reclaimed entries: %w", err)
+	}
+	l.sub.stats.reclaimed.Add(int64(n))
+	l.logger.Info("Reclaimed idle entries", watermill.LogFields{"entries": len(msgs)})
+	return nil
+}
+
+func (l *groupLoop) readNew(ctx context.Context) error {
+	streams, err := l.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    l.group,
+		Consumer: l.consumer,
+		Streams:  []string{l.key, ">"},
+		Count:    l.cfg.BatchSize,
+		Block:    l.cfg.BlockTime,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading new entries: %w", err)
+	}
+	for _, s := range streams {
+		for _, m := range s.Messages {
+			// A first delivery: the server's count is 1 by definition.
+			l.queue = append(l.queue, entry{id: m.ID, fields: m.Values, count: 1})
+		}
+	}
+	return nil
+}
+
+// enqueueWithCounts queues msgs with their delivery counts read from the
+// pending list. An entry that is no longer pending for this consumer (a peer
+// took it meanwhile) is left out. It returns how many were queued.
+func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage) (int, error) {
+	pipe := l.client.Pipeline()
+	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	for i, m := range msgs {
+		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: l.key, Group: l.group, Start: m.ID, End: m.ID, Count: 1, Consumer: l.consumer,
+		})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	n := 0
+	for i, m := range msgs {
+		pending := cmds[i].Val()
+		if len(pending) == 0 {
+			continue
+		}
+		if m.Values == nil {
+			l.reportMissing(m.ID, true)
+			continue
+		}
+		l.queue = append(l.queue, entry{id: m.ID, fields: m.Values, count: pending[0].RetryCount})
+		n++
+	}
+	return n, nil
+}
+
+// handle delivers e until it is Acked, redelivering it after each Nack. It
+// returns false when the subscription ended.
+func (l *groupLoop) handle(ctx context.Context, e entry) bool {
+	for {
+		msg, err := l.cfg.Unmarshaler.Unmarshal(e.fields)
+		if err != nil {
+			l.moveInvalid(ctx, e, err)
+			return true
+		}
+		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
+		msg.Metadata.Set(MetadataEntryID, e.id)
+		msg.Metadata.Set(MetadataStream, l.key)
+		msg.Metadata.Set(MetadataGroup, l.group)
+		msg.Metadata.Set(MetadataConsumer, l.consumer)
+
+		msgCtx, cancel := context.WithCancel(ctx)
+		msg.SetContext(msgCtx)
+		acked, ok := deliver(ctx, l.out, msg, l.flushDue, l.flushWhileBusy)
+		cancel()
+		if !ok {
+			return false
+		}
+		l.sub.stats.delivered.Add(1)
+		if acked {
+			l.addAck(e.id)
+			return true
+		}
+		l.sub.stats.nacked.Add(1)
+		l.logger.Trace("Message nacked, delivering it again", watermill.LogFields{
+			"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count})
+		next, ok := l.redeliver(ctx, e.id)
+		if !ok {
+			return false
+		}
+		if next == nil {
+			return true
+		}
+		e = *next
+	}
+}
+
+// redeliver claims a Nacked entry again for this consumer, which grows its
+// delivery count, and returns it with the new count, or nil when the entry
+// is no longer pending.
+func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
+	if !sleep(ctx, l.cfg.NackResendDelay) {
+		return nil, false
+	}
+	for {
+		next, err := l.claimBack(ctx, id)
+		if err == nil {
+			return next, true
+		}
+		if ctx.Err() != nil || !l.fault(ctx, "claiming a nacked entry back", err) {
+			return nil, false
+		}
+	}
+}
+
+func (l *groupLoop) claimBack(ctx context.Context, id string) (*entry, error) {
+	pipe := l.client.Pipeline()
+	before := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: l.key, Group: l.group, Start: id, End: id, Count: 1})
+	claimed := pipe.XClaim(ctx, &redis.XClaimArgs{
+		Stream: l.key, Group: l.group, Consumer: l.consumer, MinIdle: 0, Messages: []string{id}})
+	after := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: l.key, Group: l.group, Start: id, End: id, Count: 1, Consumer: l.consumer})
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	msgs, pending := claimed.Val(), after.Val()
+	switch {
+	case len(msgs) == 1 && msgs[0].Values != nil && len(pending) == 1:
+		return &entry{id: id, fields: msgs[0].Values, count: pending[0].RetryCount}, nil
+	case len(before.Val()) == 0:
+		l.logger.Debug("Nacked entry is no longer pending, not delivering it again", watermill.LogFields{"entry_id": id})
+		return nil, nil
+	default:
+		// It was pending, but its body is gone from the stream.
+		l.reportMissing(id, len(pending) == 1)
+		return nil, nil
+	}
+}
+
+// reportMissing handles a pending entry whose body was trimmed or deleted: it
+// is acknowledged (when still pending) and counted, never delivered.
+func (l *groupLoop) reportMissing(id string, stillPending bool) {
+	if stillPending {
+		l.addAck(id)
+	}
+	l.sub.stats.missingBodies.Add(1)
+	l.logger.Error("Pending entry was trimmed or deleted from the stream before it was handled; acknowledged without delivery",
+		nil, watermill.LogFields{"entry_id": id})
+}
+
+// moveInvalid copies an entry that cannot be decoded, with its raw fields and
+// the error, to the invalid-entry stream, then acknowledges it. If the copy
+// fails, the entry stays pending and comes back with the next drain or
+// reclaim.
+func (l *groupLoop) moveInvalid(ctx context.Context, e entry, decodeErr error) {
+	dest := l.key + l.cfg.InvalidEntrySuffix
+	keys := make([]string, 0, len(e.fields))
+	for k := range e.fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	values := make([]any, 0, 2*len(keys)+12)
+	for _, k := range keys {
+		values = append(values, k, e.fields[k])
+	}
+	values = append(values,
+		FieldInvalidError, decodeErr.Error(),
+		MetadataStream, l.key,
+		MetadataEntryID, e.id,
+		MetadataGroup, l.group,
+		MetadataConsumer, l.consumer,
+		MetadataDeliveryCount, e.count,
+	)
+	fields := watermill.LogFields{"entry_id": e.id, "invalid_entry_stream": dest}
+	if err := l.client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err(); err != nil {
+		l.sub.stats.faults.Add(1)
+		l.logger.Error("Entry cannot be decoded, and copying it to the invalid-entry stream failed; it stays pending",
+			errors.Join(decodeErr, err), fields)
+		return
+	}
+	l.addAck(e.id)
+	l.sub.stats.invalidEntries.Add(1)
+	l.logger.Error("Entry cannot be decoded; copied to the invalid-entry stream and acknowledged", decodeErr, fields)
+}
+
+func (l *groupLoop) addAck(id string) {
+	l.acks = append(l.acks, id)
+	if len(l.acks) == 1 {
+		l.ackTimer.Reset(l.cfg.AckFlushInterval)
+	}
+}
+
+// flushDue returns the channel that fires when Acks are due, or nil.
+func (l *groupLoop) flushDue() <-chan time.Time {
+	if len(l.acks) == 0 {
+		return nil
+	}
+	return l.ackTimer.C
+}
+
+// flushWhileBusy sends due Acks while a message is being handled. A failure
+// keeps them for the next try.
+func (l *groupLoop) flushWhileBusy(ctx context.Context) {
+	err := l.flushAcks(ctx)
+	if err == nil {
+		l.ackFailing = false
+		return
+	}
+	l.sub.stats.faults.Add(1)
+	if !l.ackFailing {
+		l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
+		l.ackFailing = true
+	}
+	l.ackTimer.Reset(backoff(1))
+}
+
+func (l *groupLoop) flushAcks(ctx context.Context) error {
+	if len(l.acks) == 0 {
+		return nil
+	}
+	n, err := l.client.XAck(ctx, l.key, l.group, l.acks...).Result()
+	if err != nil {
+		return fmt.Errorf("acknowledging %d entries: %w", len(l.acks), err)
+	}
+	l.sub.stats.acked.Add(n)
+	l.acks = l.acks[:0]
+	l.ackTimer.Stop()
+	return nil
+}
+
+func (l *groupLoop) flushOnExit() {
+	l.ackTimer.Stop()
+	if len(l.acks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+	defer cancel()
+	if err := l.flushAcks(ctx); err != nil {
+		l.sub.stats.faults.Add(1)
+		l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
+			err, watermill.LogFields{"entries": len(l.acks)})
+	}
+}
+
+// fault handles a failed call: it re-runs the group door when the group or
+// the stream vanished, backs off, and makes the loop drain its own pending
+// list again before it reads anything new. It returns false when ctx ended
+// during the backoff.
+func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
+	l.sub.stats.faults.Add(1)
+	l.faults++
+	l.draining, l.drainFrom = true, "0"
+	if redis.HasErrorPrefix(err, "NOGROUP") {
+		l.logger.Error("Consumer group or stream vanished; creating it again", err, watermill.LogFields{"start": l.cfg.Start.String()})
+		if derr := l.sub.openGroup(ctx, l.key); derr != nil {
+			err = derr
+		}
+	}
+	delay := backoff(l.faults)
+	l.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
+		"operation": what, "attempt": l.faults, "retry_in": delay.String()})
+	return sleep(ctx, delay)
+}
+
+// parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed
+// entries (a nil Values marks an entry whose body is gone, as Redis 6.2
+// reports it) and the ids the server dropped because their bodies are gone
+// (Redis 7 and later, Valkey).
+func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, err error) {
+	if len(reply) < 2 {
+		return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
+	}
+	next, ok := reply[0].(string)
+	if !ok {
+		return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
+	}
+	list, _ := reply[1].([]any)
+	for _, item := range list {
+		pair, ok := item.([]any)
+		if !ok || len(pair) != 2 {
+			return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
+		}
+		id, ok := pair[0].(string)
+		if !ok {
+			return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
+		}
+		m := redis.XMessage{ID: id}
+		if pair[1] != nil {
+			if m.Values, err = fieldMap(pair[1]); err != nil {
+				return "", nil, nil, err
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	if len(reply) >= 3 {
+		ids, _ := reply[2].([]any)
+		for _, v := range ids {
+			if id, ok := v.(string); ok {
+				deleted = append(deleted, id)
+			}
+		}
+	}
+	return next, msgs, deleted, nil
+}
+
+// fieldMap turns an entry's field list (or map, in RESP3) into a map.
+func fieldMap(v any) (map[string]any, error) {
+	switch f := v.(type) {
+	case []any:
+		if len(f)%2 != 0 {
+			return nil, fmt.Errorf("entry has an odd number (%d) of field elements", len(f))
+		}
+		m := make(map[string]any, len(f)/2)
+		for i := 0; i < len(f); i += 2 {
+			k, ok := f[i].(string)
+			if !ok {
+				return nil, fmt.Errorf("entry field name of type %T", f[i])
+			}
+			m[k] = f[i+1]
+		}
+		return m, nil
+	case map[any]any:
+		m := make(map[string]any, len(f))
+		for k, val := range f {
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("entry field name of type %T", k)
+			}
+			m[ks] = val
+		}
+		return m, nil
+	default:
+		return nil, fmt.Errorf("entry fields of type %T", v)
+	}
+}

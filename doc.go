@@ -1,0 +1,36 @@
+// Package valkeystream is a Watermill Pub/Sub for Valkey and Redis Streams
+// with consumer groups.
+//
+// A Watermill topic is one stream key. A [Subscriber] with a consumer group
+// partitions the stream: each entry goes to exactly one consumer of the group,
+// and stays in the group's pending entries list (PEL) until the handler Acks
+// it. A Subscriber without a consumer group fans out: every subscriber reads
+// every entry with XREAD.
+//
+// # The group door
+//
+// Every consumer-group subscription starts by running
+// XGROUP CREATE <key> <group> <start> MKSTREAM. The BUSYGROUP reply ("the
+// group already exists") is success; every other reply is an error from
+// Subscribe that names the key, the group and the server's reply. The door
+// never deletes a group or a stream.
+//
+// # The declared start
+//
+// Where a new group begins is a required choice ([StartNew] or [StartHead])
+// with no default: [NewSubscriber] rejects a missing one.
+//
+// # The loop
+//
+// One goroutine owns each subscription. It recovers before it reads anything
+// new: it drains this consumer's own pending entries from cursor 0, then reads
+// new entries with XREADGROUP ... >, and on every claim beat reclaims entries
+// of other consumers that have been idle longer than
+// [SubscriberConfig.ClaimMinIdle] with XAUTOCLAIM. Delivery is at-least-once:
+// a reclaimed or drained entry can arrive after newer ones, and the message
+// UUID (the id the publisher stored, never the stream position) is the key to
+// deduplicate on.
+//
+// Every delivered message carries the server's delivery count for its entry
+// under [MetadataDeliveryCount]; read it with [DeliveryCount].
+package valkeystream

@@ -1,0 +1,60 @@
+package valkeystream
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+var (
+	// ErrInvalidConfig is wrapped by every configuration error; the wrapping
+	// message names the field.
+	ErrInvalidConfig = errors.New("valkeystream: invalid config")
+
+	// ErrSubscriberClosed is returned by Subscribe after Close.
+	ErrSubscriberClosed = errors.New("valkeystream: subscriber is closed")
+
+	// ErrPublisherClosed is returned by Publish after Close.
+	ErrPublisherClosed = errors.New("valkeystream: publisher is closed")
+
+	// ErrInvalidMessage is wrapped by errors about a message that cannot be
+	// written: an empty UUID or a metadata key that collides with a reserved
+	// field.
+	ErrInvalidMessage = errors.New("valkeystream: invalid message")
+
+	// ErrInvalidEntry is wrapped by errors about a stream entry that cannot
+	// be decoded into a message.
+	ErrInvalidEntry = errors.New("valkeystream: invalid entry")
+)
+
+// GroupCreateError is returned by Subscribe and SubscribeInitialize when the
+// server refuses to create the consumer group with any reply other than
+// BUSYGROUP (the group already exists, which is success).
+type GroupCreateError struct {
+	Key   string // the stream key
+	Group string // the consumer group
+	Err   error  // the server's reply or the connection error
+}
+
+func (e *GroupCreateError) Error() string {
+	return fmt.Sprintf("valkeystream: creating consumer group %q on stream %q (XGROUP CREATE ... MKSTREAM): %v; check that the key holds a stream (or is free) and that the client may run XGROUP",
+		e.Group, e.Key, e.Err)
+}
+
+func (e *GroupCreateError) Unwrap() error { return e.Err }
+
+// PublishError is returned by Publish when some messages were not written.
+// The other messages of the call were accepted by the server.
+type PublishError struct {
+	Topic   string   // the topic passed to Publish
+	NotSent []string // UUIDs of the messages that were not written, in call order
+	Total   int      // how many messages the call carried
+	Err     error    // the first failure
+}
+
+func (e *PublishError) Error() string {
+	return fmt.Sprintf("valkeystream: %d of %d messages not written to topic %q (uuids %s): %v",
+		len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", "), e.Err)
+}
+
+func (e *PublishError) Unwrap() error { return e.Err }

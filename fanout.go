@@ -1,0 +1,107 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// fanOutLoop is one subscription without a consumer group: it reads every
+// entry with XREAD from where it started. Nothing is pending on the server,
+// so Ack only moves on, and a Nacked message is delivered again from memory.
+type fanOutLoop struct {
+	sub    *Subscriber
+	key    string
+	out    chan *message.Message
+	lastID string // the last entry read
+	logger watermill.LoggerAdapter
+
+	queue  []redis.XMessage
+	faults int
+}
+
+func (l *fanOutLoop) run(ctx context.Context) {
+	defer close(l.out)
+	cfg := &l.sub.config
+	for ctx.Err() == nil {
+		if len(l.queue) == 0 {
+			if err := l.fetch(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				l.sub.stats.faults.Add(1)
+				l.faults++
+				delay := backoff(l.faults)
+				l.logger.Error("Stream read failed; retrying", err, watermill.LogFields{
+					"attempt": l.faults, "retry_in": delay.String()})
+				if !sleep(ctx, delay) {
+					return
+				}
+				continue
+			}
+			if l.faults > 0 {
+				l.logger.Info("Stream reads resumed", watermill.LogFields{"failed_attempts": l.faults})
+				l.faults = 0
+			}
+			continue
+		}
+		m := l.queue[0]
+		l.queue = l.queue[1:]
+		for count := 1; ; count++ {
+			msg, err := cfg.Unmarshaler.Unmarshal(m.Values)
+			if err != nil {
+				// A fan-out reader owns nothing it could move or acknowledge:
+				// the entry stays in the stream, for a person to look at.
+				l.sub.stats.invalidEntries.Add(1)
+				l.logger.Error("Entry cannot be decoded; skipped (it stays in the stream)", err,
+					watermill.LogFields{"entry_id": m.ID})
+				break
+			}
+			msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
+			msg.Metadata.Set(MetadataEntryID, m.ID)
+			msg.Metadata.Set(MetadataStream, l.key)
+			msgCtx, cancel := context.WithCancel(ctx)
+			msg.SetContext(msgCtx)
+			acked, ok := deliver(ctx, l.out, msg, noFlush, noFlushNeeded)
+			cancel()
+			if !ok {
+				return
+			}
+			l.sub.stats.delivered.Add(1)
+			if acked {
+				break
+			}
+			l.sub.stats.nacked.Add(1)
+			if !sleep(ctx, cfg.NackResendDelay) {
+				return
+			}
+		}
+	}
+}
+
+func (l *fanOutLoop) fetch(ctx context.Context) error {
+	cfg := &l.sub.config
+	streams, err := cfg.Client.XRead(ctx, &redis.XReadArgs{
+		Streams: []string{l.key, l.lastID},
+		Count:   cfg.BatchSize,
+		Block:   cfg.BlockTime,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading entries: %w", err)
+	}
+	for _, s := range streams {
+		l.queue = append(l.queue, s.Messages...)
+	}
+	if len(l.queue) > 0 {
+		l.lastID = l.queue[len(l.queue)-1].ID
+	}
+	return nil
+}

@@ -1,0 +1,328 @@
+package testserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// proc is one run of the private server process.
+type proc struct {
+	cmd *exec.Cmd
+	// supervised: restart the process if it exits while wanted up. Set from
+	// the start for replacements started by the supervisor, and once the
+	// process answered PING for processes started by Start/StartAgain (so
+	// a server that cannot start at all fails fast instead of looping).
+	supervised bool          // guarded by Server.mu
+	ready      bool          // answered PING at least once; guarded by Server.mu
+	done       chan struct{} // closed once the supervisor has handled the exit
+	exitErr    error         // result of Wait; read only after done is closed
+}
+
+// startProcess creates the directory and starts the first server process.
+func startProcess(bin string, logf func(string, ...any)) (*Server, error) {
+	dir, err := os.MkdirTemp("", "valkeystream-testserver-")
+	if err != nil {
+		return nil, fmt.Errorf("create server directory: %w", err)
+	}
+	s := &Server{kind: kindProcess, bin: bin, dir: dir, logf: logf}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	// The free port may be taken by someone else before the server binds
+	// it; try a few ports.
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		// No supervisor goroutine runs here (see the wg.Wait below), so
+		// port and addr can be set without the mutex.
+		s.port = port
+		s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if lastErr = s.startProcessAgain(); lastErr == nil {
+			break
+		}
+		_ = s.killProcess()
+		s.wg.Wait()
+	}
+	if lastErr == nil {
+		lastErr = s.loadInfo()
+	}
+	if lastErr != nil {
+		s.shutdownProcess()
+		return nil, fmt.Errorf("start %s: %w", bin, lastErr)
+	}
+	return s, nil
+}
+
+func (s *Server) args() []string {
+	return []string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--appendonly", "yes",
+		"--appendfsync", "always",
+		"--save", "",
+		"--protected-mode", "no",
+		"--daemonize", "no",
+		"--logfile", filepath.Join(s.dir, "server.log"),
+	}
+}
+
+func (s *Server) pidFile() string { return filepath.Join(s.dir, "server.pid") }
+
+// startLocked starts a server process and its supervisor goroutine. s.mu
+// must be held, s.cur must be nil or exited, and s.closed false.
+func (s *Server) startLocked(supervised bool) (*proc, error) {
+	cmd := exec.Command(s.bin, s.args()...)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("run %s: %w", s.bin, err)
+	}
+	if err := writeFileAtomic(s.pidFile(), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("write pid file: %w", err)
+	}
+	p := &proc{cmd: cmd, supervised: supervised, done: make(chan struct{})}
+	s.cur = p
+	s.wg.Add(1)
+	go s.supervise(p)
+	return p, nil
+}
+
+// supervise waits for p to exit and, unless the exit was deliberate (Kill,
+// cleanup), starts a replacement on the same port and directory.
+func (s *Server) supervise(p *proc) {
+	defer s.wg.Done()
+	waitErr := p.cmd.Wait()
+	pid := p.cmd.Process.Pid
+	p.exitErr = waitErr
+
+	s.mu.Lock()
+	if s.cur == p {
+		_ = os.Remove(s.pidFile())
+	}
+	if s.cur != p || !s.wantUp || s.closed || !p.supervised {
+		s.releaseLocked(p)
+		s.mu.Unlock()
+		return
+	}
+	if p.ready || killedBySIGKILL(waitErr) {
+		// A working server killed from outside (RestartCommand, a test,
+		// the OOM killer): restart it, however often that happens.
+		s.quickFails = 0
+	} else {
+		// It failed by itself before answering PING: retry with a backoff
+		// but not forever.
+		s.quickFails++
+	}
+	fails := s.quickFails
+	if fails > maxQuickFails {
+		s.wantUp = false
+		s.releaseLocked(p)
+		s.mu.Unlock()
+		s.log("testserver: server pid %d exited (%v); giving up after %d failed restarts%s",
+			pid, waitErr, fails-1, s.logTail())
+		return
+	}
+	s.mu.Unlock()
+
+	s.log("testserver: server pid %d exited unexpectedly (%v); restarting on %s", pid, waitErr, s.addr)
+	if fails > 1 {
+		backoff := min(time.Duration(fails-1)*100*time.Millisecond, time.Second)
+		select {
+		case <-time.After(backoff):
+		case <-s.ctx.Done():
+		}
+	}
+
+	s.mu.Lock()
+	if s.cur != p || !s.wantUp || s.closed {
+		s.releaseLocked(p)
+		s.mu.Unlock()
+		return
+	}
+	np, err := s.startLocked(true)
+	if err != nil {
+		s.wantUp = false
+		s.releaseLocked(p)
+		s.mu.Unlock()
+		s.log("testserver: restart failed: %v", err)
+		return
+	}
+	close(p.done)
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(s.ctx, restartReadyTimeout)
+	defer cancel()
+	if err := waitPing(ctx, s.addr, np.done); err != nil {
+		select {
+		case <-np.done:
+			// It exited again (e.g. killed by the next RestartCommand);
+			// its own supervisor reports that.
+		default:
+			if s.ctx.Err() == nil {
+				s.log("testserver: restarted server pid %d: %v%s", np.cmd.Process.Pid, err, s.logTail())
+			}
+		}
+		return
+	}
+	s.mu.Lock()
+	np.ready = true
+	s.mu.Unlock()
+	s.log("testserver: restarted server on %s, pid %d", s.addr, np.cmd.Process.Pid)
+}
+
+// killedBySIGKILL reports whether err, from exec.Cmd.Wait, says that the
+// process was killed with SIGKILL.
+func killedBySIGKILL(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// releaseLocked forgets the exited process p and wakes its waiters.
+// s.mu must be held.
+func (s *Server) releaseLocked(p *proc) {
+	if s.cur == p {
+		s.cur = nil
+	}
+	close(p.done)
+}
+
+// killProcess stops the server for good (until StartAgain).
+func (s *Server) killProcess() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errClosed
+	}
+	// With wantUp false no supervisor starts a new process, so s.cur is
+	// the only process that can be running.
+	s.wantUp = false
+	p := s.cur
+	s.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill server pid %d: %w", p.cmd.Process.Pid, err)
+	}
+	<-p.done
+	return nil
+}
+
+// startProcessAgain starts the server unless it is already running, and
+// waits until it answers PING.
+func (s *Server) startProcessAgain() error {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return errClosed
+		}
+		if p := s.cur; p != nil {
+			if s.wantUp {
+				// Already running (or being restarted by the supervisor).
+				s.mu.Unlock()
+				return s.waitReady(p)
+			}
+			// Being killed: wait until it is gone, then start anew.
+			s.mu.Unlock()
+			<-p.done
+			continue
+		}
+		s.wantUp = true
+		s.quickFails = 0
+		p, err := s.startLocked(false)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		return s.waitReady(p)
+	}
+}
+
+// waitReady waits until the server answers PING, and marks p supervised.
+// It fails early if p exits before answering.
+func (s *Server) waitReady(p *proc) error {
+	ctx, cancel := context.WithTimeout(s.ctx, readyTimeout)
+	defer cancel()
+	s.mu.Lock()
+	var stop <-chan struct{}
+	if !p.supervised {
+		// A supervised process is replaced when it exits; keep waiting.
+		stop = p.done
+	}
+	s.mu.Unlock()
+	if err := waitPing(ctx, s.addr, stop); err != nil {
+		select {
+		case <-stop:
+			return fmt.Errorf("server process exited before answering PING on %s (%v)%s", s.addr, p.exitErr, s.logTail())
+		default:
+			return fmt.Errorf("%w%s", err, s.logTail())
+		}
+	}
+	s.mu.Lock()
+	p.supervised = true
+	p.ready = true
+	s.mu.Unlock()
+	return nil
+}
+
+// shutdownProcess kills the server, waits for the supervisor goroutines and
+// removes the directory.
+func (s *Server) shutdownProcess() {
+	s.mu.Lock()
+	s.closed = true
+	s.wantUp = false
+	p := s.cur
+	s.mu.Unlock()
+	s.cancel()
+	if p != nil {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	s.wg.Wait()
+	if err := os.RemoveAll(s.dir); err != nil {
+		s.log("testserver: remove %s: %v", s.dir, err)
+	}
+}
+
+// logTail returns the last lines of the server log, for error messages.
+func (s *Server) logTail() string {
+	data, err := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	if err != nil || len(data) == 0 {
+		return ""
+	}
+	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return "; server.log ends with:\n" + string(bytes.Join(lines, []byte("\n")))
+}
+
+// writeFileAtomic writes data to a temporary file and renames it over path,
+// so readers (the RestartCommand script) never see a partial file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

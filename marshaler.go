@@ -1,0 +1,118 @@
+package valkeystream
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Entry fields written by [DefaultMarshaler]. Every metadata key becomes a
+// field of its own beside them, so `XRANGE key - +` shows a message as it is.
+const (
+	// FieldUUID holds the message UUID: the key to deduplicate on.
+	FieldUUID = "uuid"
+	// FieldPayload holds the message payload.
+	FieldPayload = "payload"
+)
+
+// Metadata keys that a [Subscriber] sets on every delivered message. A value
+// published under one of these keys is replaced on delivery.
+const (
+	// MetadataDeliveryCount is how many times the entry has been delivered,
+	// in decimal. With a consumer group it is the server's count from the
+	// pending entries list: 1 on the first delivery, and it grows with each
+	// Nack, restart drain and reclaim. In fan-out it counts deliveries within
+	// the subscription. Read it with [DeliveryCount].
+	MetadataDeliveryCount = "valkeystream_delivery_count"
+	// MetadataEntryID is the stream entry id, such as "1700000000000-0".
+	MetadataEntryID = "valkeystream_entry_id"
+	// MetadataStream is the stream key the entry was read from.
+	MetadataStream = "valkeystream_stream"
+	// MetadataGroup is the consumer group (empty in fan-out).
+	MetadataGroup = "valkeystream_group"
+	// MetadataConsumer is the consumer name the entry was delivered to
+	// (empty in fan-out).
+	MetadataConsumer = "valkeystream_consumer"
+)
+
+// DeliveryCount returns the delivery count a [Subscriber] set on msg, or 0 if
+// the message carries none.
+func DeliveryCount(msg *message.Message) int {
+	n, err := strconv.Atoi(msg.Metadata.Get(MetadataDeliveryCount))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// Marshaler encodes a message into the field-value pairs of a stream entry.
+type Marshaler interface {
+	// Marshal returns the entry's fields and values, alternating, as XADD
+	// takes them. An error wraps ErrInvalidMessage when the message itself
+	// cannot be written.
+	Marshal(topic string, msg *message.Message) ([]any, error)
+}
+
+// Unmarshaler decodes the fields of a stream entry into a message.
+type Unmarshaler interface {
+	// Unmarshal returns the message held by an entry's fields. An error
+	// should wrap ErrInvalidEntry.
+	Unmarshal(fields map[string]any) (*message.Message, error)
+}
+
+// DefaultMarshaler writes the UUID and the payload under [FieldUUID] and
+// [FieldPayload], and each metadata key as a field of its own, in key order.
+// Metadata keys equal to a reserved field are rejected.
+type DefaultMarshaler struct{}
+
+// Marshal implements [Marshaler].
+func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
+	if msg.UUID == "" {
+		return nil, fmt.Errorf("%w: the UUID is empty: it is the key consumers deduplicate on", ErrInvalidMessage)
+	}
+	fields := make([]any, 0, 4+2*len(msg.Metadata))
+	fields = append(fields, FieldUUID, msg.UUID, FieldPayload, []byte(msg.Payload))
+	if len(msg.Metadata) == 0 {
+		return fields, nil
+	}
+	keys := make([]string, 0, len(msg.Metadata))
+	for k := range msg.Metadata {
+		if k == FieldUUID || k == FieldPayload {
+			return nil, fmt.Errorf("%w: message %s has metadata key %q, which is a reserved entry field; rename it",
+				ErrInvalidMessage, msg.UUID, k)
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fields = append(fields, k, msg.Metadata[k])
+	}
+	return fields, nil
+}
+
+// Unmarshal implements [Unmarshaler]. An entry without a non-empty
+// [FieldUUID] or without [FieldPayload] is invalid.
+func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
+	uuid, ok := fields[FieldUUID].(string)
+	if !ok || uuid == "" {
+		return nil, fmt.Errorf("%w: no %q field", ErrInvalidEntry, FieldUUID)
+	}
+	payload, ok := fields[FieldPayload].(string)
+	if !ok {
+		return nil, fmt.Errorf("%w: entry of message %s has no %q field", ErrInvalidEntry, uuid, FieldPayload)
+	}
+	msg := message.NewMessage(uuid, message.Payload(payload))
+	for k, v := range fields {
+		if k == FieldUUID || k == FieldPayload {
+			continue
+		}
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: entry of message %s has field %q of type %T, want a string", ErrInvalidEntry, uuid, k, v)
+		}
+		msg.Metadata[k] = s
+	}
+	return msg, nil
+}

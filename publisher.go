@@ -1,0 +1,170 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// Publisher appends messages to streams with XADD. It implements
+// message.Publisher and is safe for concurrent use.
+type Publisher struct {
+	config PublisherConfig
+	logger watermill.LoggerAdapter
+
+	mu     sync.RWMutex // Publish holds it shared, Close exclusively
+	closed bool
+}
+
+// NewPublisher returns a Publisher, or an error wrapping ErrInvalidConfig that
+// names the bad field. A nil logger logs nothing.
+func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Publisher{config: config, logger: logger}, nil
+}
+
+// Publish appends msgs to the stream of topic, in order, in one round trip.
+// It returns after the server accepted them. If some were not written, the
+// error is a *PublishError that lists their UUIDs; the others were written.
+// A message that cannot be encoded fails the whole call before anything is
+// sent. The call ends early when a message's context ends.
+//
+// An error after the messages were sent (a connection lost before the reply)
+// can hide a write that happened: publishing again then stores a duplicate,
+// which consumers drop by UUID.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if topic == "" {
+		return errors.New("valkeystream: publish: topic is empty")
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrPublisherClosed
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	key := p.config.KeyPrefix + topic
+	args := make([]redis.XAddArgs, len(msgs))
+	retention, trim := p.config.Retention[topic]
+	minID := ""
+	if trim && retention.MaxAge > 0 {
+		minID = strconv.FormatInt(time.Now().Add(-retention.MaxAge).UnixMilli(), 10)
+	}
+	for i, msg := range msgs {
+		fields, err := p.config.Marshaler.Marshal(topic, msg)
+		if err != nil {
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs),
+				Err: fmt.Errorf("encoding message %s: %w", msg.UUID, err)}
+		}
+		args[i] = redis.XAddArgs{Stream: key, Values: fields}
+		if trim {
+			args[i].MaxLen = retention.MaxLen
+			args[i].MinID = minID
+			args[i].Approx = true
+		}
+	}
+
+	ctx, cancel := publishContext(msgs)
+	defer cancel()
+	cmds := make([]*redis.StringCmd, len(msgs))
+	if len(msgs) == 1 {
+		cmds[0] = p.config.Client.XAdd(ctx, &args[0])
+	} else {
+		pipe := p.config.Client.Pipeline()
+		for i := range args {
+			cmds[i] = pipe.XAdd(ctx, &args[i])
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+	}
+
+	var failed []string
+	var first error
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			failed = append(failed, msgs[i].UUID)
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if first != nil {
+		return &PublishError{Topic: topic, NotSent: failed, Total: len(msgs), Err: first}
+	}
+	p.logger.Trace("Published messages", watermill.LogFields{"topic": topic, "stream": key, "messages": len(msgs)})
+	return nil
+}
+
+// Close makes later Publish calls fail with ErrPublisherClosed, after the
+// calls in progress have returned. It closes the client only if CloseClient
+// is set. It may be called more than once.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.config.CloseClient {
+		if err := p.config.Client.Close(); err != nil {
+			return fmt.Errorf("valkeystream: closing the publisher's client: %w", err)
+		}
+	}
+	return nil
+}
+
+// publishContext returns a context that ends when the context of any of msgs
+// ends. Messages without a context of their own add no cost.
+func publishContext(msgs []*message.Message) (context.Context, context.CancelFunc) {
+	var only context.Context
+	var many []context.Context
+	for _, m := range msgs {
+		c := m.Context()
+		if c.Done() == nil || c == only {
+			continue
+		}
+		if only == nil {
+			only = c
+			continue
+		}
+		many = append(many, c)
+	}
+	if only == nil {
+		return context.Background(), func() {}
+	}
+	if len(many) == 0 {
+		return only, func() {}
+	}
+	ctx, cancel := context.WithCancel(only)
+	stops := make([]func() bool, 0, len(many))
+	for _, c := range many {
+		stops = append(stops, context.AfterFunc(c, cancel))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+func uuids(msgs []*message.Message) []string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.UUID
+	}
+	return ids
+}

@@ -14,8 +14,9 @@ import (
 const (
 	// DefaultBatchSize is the most entries one read or claim asks for.
 	DefaultBatchSize = 100
-	// DefaultBlockTime bounds one blocking read of new entries.
-	DefaultBlockTime = time.Second
+	// DefaultBlockTime bounds one blocking read of new entries, and so how
+	// long Close waits for a read in progress.
+	DefaultBlockTime = 500 * time.Millisecond
 	// DefaultClaimInterval is how often a consumer reclaims idle entries of
 	// other consumers.
 	DefaultClaimInterval = 5 * time.Second

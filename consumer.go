@@ -27,9 +27,9 @@ type entry struct {
 
 // groupLoop is one consumer-group subscription. Only its own goroutine
 // touches it. It recovers before it reads anything new: after a start or a
-// fault it drains its own pending entries from cursor 0, on every claim beat
-// it reclaims entries other consumers left idle, and only then it reads new
-// entries. It fetches only when nothing it fetched is still undelivered and
+// fault, and at the start of every claim beat, it drains its own pending
+// entries from cursor 0; on every claim beat it reclaims entries other
+// consumers left idle; only then it reads new entries. It fetches only when nothing it fetched is still undelivered and
 // every Ack has been sent, so it never claims an entry it is handling.
 type groupLoop struct {
 	sub      *Subscriber
@@ -47,10 +47,11 @@ type groupLoop struct {
 	ackTimer   *time.Timer // fires when the oldest of acks is due
 	ackFailing bool        // the last flush failed (logged once per streak)
 
-	draining  bool   // the own pending list is being drained
-	drainFrom string // cursor of the drain
-	claimFrom string // cursor of XAUTOCLAIM
-	nextClaim time.Time
+	draining   bool   // the own pending list is being drained
+	drainFrom  string // cursor of the drain
+	claimFrom  string // cursor of XAUTOCLAIM
+	nextClaim  time.Time
+	beatOpened bool // the current beat has drained the own pending list
 
 	faults int // consecutive failed calls
 }
@@ -109,6 +110,15 @@ func (l *groupLoop) fetch(ctx context.Context) error {
 	case l.draining:
 		return l.drain(ctx)
 	case !time.Now().Before(l.nextClaim):
+		if !l.beatOpened {
+			// A beat recovers self before peers. At this point the loop holds
+			// nothing, so any entry still pending for this consumer is one
+			// whose read reply was lost (the client retried the read after a
+			// dropped connection): it comes back now, not after ClaimMinIdle.
+			l.beatOpened = true
+			l.draining, l.drainFrom = true, "0"
+			return l.drain(ctx)
+		}
 		return l.claim(ctx)
 	default:
 		return l.readNew(ctx)
@@ -159,6 +169,7 @@ func (l *groupLoop) claim(ctx context.Context) error {
 		// The pending list was scanned to its end; the next beat starts over.
 		// Until then, a cursor other than 0-0 means more to reclaim first.
 		l.nextClaim = time.Now().Add(l.cfg.ClaimInterval)
+		l.beatOpened = false
 	}
 	for _, id := range deleted {
 		// The server already dropped these from the pending list.
@@ -248,14 +259,15 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 		msg.SetContext(msgCtx)
 		acked, ok := deliver(ctx, l.out, msg, l.flushDue, l.flushWhileBusy)
 		cancel()
+		if acked {
+			l.sub.stats.delivered.Add(1)
+			l.addAck(e.id)
+			return ok
+		}
 		if !ok {
 			return false
 		}
 		l.sub.stats.delivered.Add(1)
-		if acked {
-			l.addAck(e.id)
-			return true
-		}
 		l.sub.stats.nacked.Add(1)
 		l.logger.Trace("Message nacked, delivering it again", watermill.LogFields{
 			"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count})

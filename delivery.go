@@ -21,7 +21,8 @@ const (
 
 // deliver sends msg on out and waits until it is Acked or Nacked. flush, when
 // not nil, fires while the loop waits; onFlush is then called. It returns
-// ok=false when ctx ended first.
+// ok=false when ctx ended first; acked is then still true if the Ack came
+// before the end, so that Close sends it.
 func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Message,
 	flush func() <-chan time.Time, onFlush func(context.Context)) (acked, ok bool) {
 	for sent := false; !sent; {
@@ -43,7 +44,12 @@ func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Mess
 		case <-flush():
 			onFlush(ctx)
 		case <-ctx.Done():
-			return false, false
+			select {
+			case <-msg.Acked():
+				return true, false
+			default:
+				return false, false
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package valkeystream_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -32,6 +33,26 @@ func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publ
 	return pub, sub
 }
 
+// upstreamReconnect gives the suite a command that restarts the private
+// server, so that the suite's TestReconnect runs, when
+// VALKEYSTREAM_UPSTREAM_RECONNECT is set and the build has no race detector.
+//
+// It is off by default because tests.TestReconnect in watermill v1.5.1 checks
+// its list of published messages without waiting for the goroutine that
+// fills it: the race detector reports that as a data race in the suite's own
+// code every time, and without it the check fails now and then with every
+// message received and one "extra" (its publisher returned, the subscriber
+// delivered it, but the suite had not recorded it yet). TestReconnect in
+// reconnect_test.go runs the same scenario (100 publishers, 10 000
+// messages, two real restarts) with synchronous bookkeeping.
+func upstreamReconnect(t *testing.T, srv *testserver.Server) []string {
+	if os.Getenv("VALKEYSTREAM_UPSTREAM_RECONNECT") == "" || raceEnabled {
+		t.Log("the suite's TestReconnect is skipped (see upstreamReconnect); TestReconnect in reconnect_test.go covers it")
+		return nil
+	}
+	return srv.RestartCommand()
+}
+
 // TestPubSub runs Watermill's universal suite with consumer groups: one group
 // per topic for the plain constructor, the group the suite names for the
 // consumer-group tests. A new subscriber of a group does not receive what the
@@ -44,7 +65,7 @@ func TestPubSub(t *testing.T) {
 		GuaranteedOrder:                     true,
 		GuaranteedOrderWithSingleSubscriber: true,
 		Persistent:                          true,
-		RestartServiceCommand:               srv.RestartCommand(),
+		RestartServiceCommand:               upstreamReconnect(t, srv),
 	}
 	tests.TestPubSub(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
@@ -65,7 +86,7 @@ func TestPubSubFanOut(t *testing.T) {
 		GuaranteedOrderWithSingleSubscriber: true,
 		Persistent:                          true,
 		NewSubscriberReceivesOldMessages:    true,
-		RestartServiceCommand:               srv.RestartCommand(),
+		RestartServiceCommand:               upstreamReconnect(t, srv),
 	}
 	tests.TestPubSub(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {

@@ -1,0 +1,234 @@
+package main
+
+// This file is step 1 of the demo: finding a server to talk to. It has
+// nothing to do with valkeystream itself; read main.go for the library.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// server is the Redis-protocol server the demo runs against.
+type server struct {
+	addr  string // host:port
+	about string // what it is, for the reader
+	// embedded is true for the in-process miniredis.
+	embedded bool
+	// stop shuts down what the demo started (a no-op for an external server).
+	stop func()
+}
+
+// startServer picks the server, in this order:
+//
+//  1. VALKEYSTREAM_ADDR, when set: a server someone else runs.
+//  2. valkey-server or redis-server from PATH: a private, throwaway instance
+//     on a free port in a temporary directory, killed at the end.
+//  3. An embedded, in-process miniredis, after checking that it implements
+//     every stream command the library uses.
+func startServer(ctx context.Context) (*server, error) {
+	if addr := os.Getenv("VALKEYSTREAM_ADDR"); addr != "" {
+		fmt.Printf("   VALKEYSTREAM_ADDR is set: using the server at %s\n", addr)
+		about, err := serverVersion(ctx, addr)
+		if err != nil {
+			return nil, fmt.Errorf("server at VALKEYSTREAM_ADDR=%s: %w", addr, err)
+		}
+		return &server{addr: addr, about: about, stop: func() {}}, nil
+	}
+
+	for _, name := range []string{"valkey-server", "redis-server"} {
+		if bin, err := exec.LookPath(name); err == nil {
+			return startPrivateServer(ctx, bin)
+		}
+	}
+
+	fmt.Println("   VALKEYSTREAM_ADDR is not set and neither valkey-server nor redis-server is on PATH:")
+	fmt.Println("   starting an embedded in-process miniredis")
+	return startMiniredis(ctx)
+}
+
+// startPrivateServer runs bin (valkey-server or redis-server) on a free
+// loopback port, without persistence, in a temporary directory.
+func startPrivateServer(ctx context.Context, bin string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "valkeystream-demo-")
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	fmt.Printf("   found %s: starting a private instance on %s (data dir %s)\n", bin, addr, dir)
+
+	var output bytes.Buffer // the server's log, shown only if it fails to start
+	cmd := exec.Command(bin,
+		"--save", "", "--appendonly", "no",
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", dir)
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		os.RemoveAll(dir)
+	}
+
+	// Wait until it answers PING.
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pingCtx, cancel := context.WithTimeout(ctx, time.Second)
+		err := client.Ping(pingCtx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case werr := <-exited:
+			exited <- werr // let stop() find it
+			stop()
+			return nil, fmt.Errorf("%s exited before answering PING (%v); its output:\n%s", bin, werr, output.String())
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("%s did not answer PING on %s within 30s; its output:\n%s", bin, addr, output.String())
+		}
+	}
+
+	about, err := serverVersion(ctx, addr)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &server{addr: addr, about: about, stop: stop}, nil
+}
+
+// freePort asks the kernel for a free port by listening on port 0, then
+// releases it for the server to take.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// serverVersion reads the server's name and version from INFO server.
+func serverVersion(ctx context.Context, addr string) (string, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	info, err := client.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("INFO server: %w", err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	// Valkey reports valkey_version (and a redis_version kept for
+	// compatibility); Redis only redis_version.
+	if v := fields["valkey_version"]; v != "" {
+		return "Valkey " + v, nil
+	}
+	if v := fields["redis_version"]; v != "" {
+		return "Redis " + v, nil
+	}
+	return "unknown server (INFO server names no version)", nil
+}
+
+// startMiniredis starts the embedded server and checks that it can run the
+// demo.
+func startMiniredis(ctx context.Context) (*server, error) {
+	mr, err := miniredis.Run()
+	if err != nil {
+		return nil, fmt.Errorf("starting miniredis: %w", err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	if missing := checkStreamCommands(ctx, client); len(missing) > 0 {
+		mr.Close()
+		fmt.Println("   the embedded miniredis cannot run this demo; these stream commands failed:")
+		for _, m := range missing {
+			fmt.Println("     -", m)
+		}
+		return nil, errors.New("the embedded server lacks stream commands valkeystream needs: " +
+			"install a real server (apt-get install redis-server, or valkey-server) " +
+			"or set VALKEYSTREAM_ADDR=host:port")
+	}
+	fmt.Println("   miniredis implements every stream command valkeystream uses")
+	return &server{
+		addr:     mr.Addr(),
+		about:    "embedded miniredis " + moduleVersion("github.com/alicebob/miniredis/v2") + " (in-process, not a real server)",
+		embedded: true,
+		stop:     mr.Close,
+	}, nil
+}
+
+// checkStreamCommands runs each stream command valkeystream sends, in the
+// form it sends it, on a scratch stream, and returns a line for each that
+// failed.
+func checkStreamCommands(ctx context.Context, c *redis.Client) (failed []string) {
+	const key, group = "valkeystream-demo:probe", "probe"
+	defer c.Del(ctx, key)
+	check := func(what string, err error) bool {
+		if err != nil && !errors.Is(err, redis.Nil) {
+			failed = append(failed, fmt.Sprintf("%s: %v", what, err))
+			return false
+		}
+		return true
+	}
+
+	check("XGROUP CREATE ... MKSTREAM", c.XGroupCreateMkStream(ctx, key, group, "0").Err())
+	id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"f", "v"}}).Result()
+	if !check("XADD", err) {
+		return failed
+	}
+	check("XREADGROUP ... COUNT BLOCK ... >", c.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: group, Consumer: "a", Streams: []string{key, ">"}, Count: 10, Block: 10 * time.Millisecond}).Err())
+	check("XREADGROUP ... 0 (own pending entries)", c.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: group, Consumer: "a", Streams: []string{key, "0"}, Count: 10, Block: -1}).Err())
+	check("XPENDING key group start end count consumer", c.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: key, Group: group, Start: id, End: id, Count: 1, Consumer: "a"}).Err())
+	check("XCLAIM", c.XClaim(ctx, &redis.XClaimArgs{
+		Stream: key, Group: group, Consumer: "b", MinIdle: 0, Messages: []string{id}}).Err())
+	check("XAUTOCLAIM", c.Do(ctx, "XAUTOCLAIM", key, group, "a", 0, "0-0", "COUNT", 10).Err())
+	check("XACK", c.XAck(ctx, key, group, id).Err())
+	return failed
+}
+
+// moduleVersion returns the version of a module compiled into this program.
+func moduleVersion(path string) string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == path {
+				return m.Version
+			}
+		}
+	}
+	return "(version unknown)"
+}

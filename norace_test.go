@@ -1,0 +1,5 @@
+//go:build !race
+
+package valkeystream_test
+
+const raceEnabled = false

@@ -1,0 +1,653 @@
+package valkeystream_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
+)
+
+// receiveTimeout bounds every wait for a message that must arrive. It is a
+// deadline for a hang, not a speed requirement.
+const receiveTimeout = 20 * time.Second
+
+// env is one test's server, client and topic.
+type env struct {
+	t      *testing.T
+	srv    *testserver.Server
+	client *redis.Client
+	topic  string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := testserver.Start(t)
+	return &env{t: t, srv: srv, client: newClient(t, srv), topic: "topic-" + watermill.NewShortUUID()}
+}
+
+// subscriber returns a consumer-group Subscriber on the env's client, closed
+// when the test ends. edit adjusts the config.
+func (e *env) subscriber(group, consumer string, edit ...func(*valkeystream.SubscriberConfig)) *valkeystream.Subscriber {
+	e.t.Helper()
+	cfg := valkeystream.SubscriberConfig{
+		Client:        e.client,
+		ConsumerGroup: group,
+		Consumer:      consumer,
+		Start:         valkeystream.StartHead,
+	}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	sub, err := valkeystream.NewSubscriber(cfg, testLogger())
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func (e *env) subscribe(sub *valkeystream.Subscriber) <-chan *message.Message {
+	e.t.Helper()
+	msgs, err := sub.Subscribe(context.Background(), e.topic)
+	require.NoError(e.t, err)
+	return msgs
+}
+
+// publish publishes n messages with payloads "0".."n-1" and returns them.
+func (e *env) publish(n int) []*message.Message {
+	e.t.Helper()
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, testLogger())
+	require.NoError(e.t, err)
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))
+	}
+	require.NoError(e.t, pub.Publish(e.topic, msgs...))
+	return msgs
+}
+
+func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		require.True(t, ok, "channel closed, want a message")
+		return m
+	case <-time.After(receiveTimeout):
+		t.Fatalf("no message within %s", receiveTimeout)
+		return nil
+	}
+}
+
+// receiveAll receives n messages, acking each, and returns their UUIDs.
+func receiveAll(t *testing.T, msgs <-chan *message.Message, n int) []string {
+	t.Helper()
+	var ids []string
+	for range n {
+		m := receive(t, msgs)
+		ids = append(ids, m.UUID)
+		m.Ack()
+	}
+	return ids
+}
+
+// expectNothing fails if a message arrives within d.
+func expectNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		if ok {
+			t.Fatalf("got message %s (payload %q), want none", m.UUID, m.Payload)
+		}
+	case <-time.After(d):
+	}
+}
+
+func (e *env) pending(group string) []redis.XPendingExt {
+	e.t.Helper()
+	p, err := e.client.XPendingExt(context.Background(), &redis.XPendingExtArgs{
+		Stream: e.topic, Group: group, Start: "-", End: "+", Count: 1000}).Result()
+	require.NoError(e.t, err)
+	return p
+}
+
+func uuidsOf(msgs []*message.Message) []string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.UUID
+	}
+	return ids
+}
+
+func TestGroupDoorRestartStormHasNoErrors(t *testing.T) {
+	e := newEnv(t)
+	const n = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := e.subscriber("storm", fmt.Sprintf("c%d", i))
+			_, err := sub.Subscribe(context.Background(), e.topic)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	groups, err := e.client.XInfoGroups(context.Background(), e.topic).Result()
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	assert.Equal(t, "storm", groups[0].Name)
+}
+
+func TestGroupDoorRefusesWrongType(t *testing.T) {
+	e := newEnv(t)
+	require.NoError(t, e.client.Set(context.Background(), e.topic, "not a stream", 0).Err())
+	sub := e.subscriber("g", "c")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.Error(t, err)
+	var doorErr *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &doorErr)
+	assert.Equal(t, e.topic, doorErr.Key)
+	assert.Equal(t, "g", doorErr.Group)
+	for _, want := range []string{e.topic, `"g"`, "WRONGTYPE"} {
+		assert.Contains(t, err.Error(), want)
+	}
+	assert.ErrorContains(t, sub.SubscribeInitialize(e.topic), "WRONGTYPE")
+	// The door never deletes: the key is untouched.
+	assert.Equal(t, "not a stream", e.client.Get(context.Background(), e.topic).Val())
+}
+
+func TestGroupDoorCreatesStreamBeforeAnyWriter(t *testing.T) {
+	e := newEnv(t)
+	sub := e.subscriber("g", "c")
+	require.NoError(t, sub.SubscribeInitialize(e.topic))
+	typ, err := e.client.Type(context.Background(), e.topic).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "stream", typ)
+}
+
+func TestDeclaredStart(t *testing.T) {
+	e := newEnv(t)
+	old := e.publish(2)
+
+	newSub := e.subscriber("from-new", "c", func(c *valkeystream.SubscriberConfig) { c.Start = valkeystream.StartNew })
+	headSub := e.subscriber("from-head", "c")
+	newMsgs := e.subscribe(newSub)
+	headMsgs := e.subscribe(headSub)
+	fresh := e.publish(1)
+
+	assert.Equal(t, uuidsOf(fresh), receiveAll(t, newMsgs, 1), "StartNew must skip entries older than the group")
+	expectNothing(t, newMsgs, 200*time.Millisecond)
+	assert.Equal(t, append(uuidsOf(old), uuidsOf(fresh)...), receiveAll(t, headMsgs, 3), "StartHead must replay the stream")
+
+	// An existing group keeps its position whatever a later subscriber declares.
+	require.NoError(t, newSub.Close())
+	again := e.subscriber("from-new", "c") // declares StartHead
+	againMsgs := e.subscribe(again)
+	expectNothing(t, againMsgs, 300*time.Millisecond)
+}
+
+func TestDeliveryMetadata(t *testing.T) {
+	e := newEnv(t)
+	sent := message.NewMessage(watermill.NewUUID(), []byte("body"))
+	sent.Metadata.Set("trace", "abc")
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(e.topic, sent))
+
+	msgs := e.subscribe(e.subscriber("g", "worker-1"))
+	got := receive(t, msgs)
+	got.Ack()
+
+	entries, err := e.client.XRange(context.Background(), e.topic, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	assert.Equal(t, sent.UUID, got.UUID, "the UUID is the stored id, not the stream position")
+	assert.NotEqual(t, entries[0].ID, got.UUID)
+	assert.Equal(t, "body", string(got.Payload))
+	assert.Equal(t, "abc", got.Metadata.Get("trace"))
+	assert.Equal(t, 1, valkeystream.DeliveryCount(got))
+	assert.Equal(t, entries[0].ID, got.Metadata.Get(valkeystream.MetadataEntryID))
+	assert.Equal(t, e.topic, got.Metadata.Get(valkeystream.MetadataStream))
+	assert.Equal(t, "g", got.Metadata.Get(valkeystream.MetadataGroup))
+	assert.Equal(t, "worker-1", got.Metadata.Get(valkeystream.MetadataConsumer))
+}
+
+func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(2)
+	sub := e.subscriber("g", "c")
+	msgs := e.subscribe(sub)
+
+	for want := 1; want <= 3; want++ {
+		m := receive(t, msgs)
+		require.Equal(t, sent[0].UUID, m.UUID, "a nacked message must come back before newer ones")
+		require.Equal(t, want, valkeystream.DeliveryCount(m))
+		m.Nack()
+	}
+	m := receive(t, msgs)
+	require.Equal(t, sent[0].UUID, m.UUID)
+	assert.Equal(t, 4, valkeystream.DeliveryCount(m))
+	p := e.pending("g")
+	require.Len(t, p, 2, "both entries are pending while the first is handled")
+	assert.Equal(t, int64(4), p[0].RetryCount, "the metadata count is the server's count")
+	m.Ack()
+
+	m = receive(t, msgs)
+	assert.Equal(t, sent[1].UUID, m.UUID)
+	assert.Equal(t, 1, valkeystream.DeliveryCount(m))
+	m.Ack()
+
+	require.NoError(t, sub.Close())
+	assert.Empty(t, e.pending("g"), "Close must flush every Ack")
+	assert.Equal(t, int64(3), sub.Stats().Nacked)
+}
+
+func TestNackResendDelay(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.NackResendDelay = 300 * time.Millisecond
+	}))
+	m := receive(t, msgs)
+	nackedAt := time.Now()
+	m.Nack()
+	again := receive(t, msgs)
+	assert.GreaterOrEqual(t, time.Since(nackedAt), 300*time.Millisecond, "a delay is a lower bound")
+	assert.Equal(t, 2, valkeystream.DeliveryCount(again))
+	again.Ack()
+}
+
+func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
+	e := newEnv(t)
+	held := e.publish(3)
+
+	first := e.subscriber("g", "worker")
+	m := receive(t, e.subscribe(first)) // the loop fetched all three
+	require.Equal(t, held[0].UUID, m.UUID)
+	require.NoError(t, first.Close()) // no Ack: a crash, as far as the group knows
+	require.Len(t, e.pending("g"), 3)
+
+	newer := e.publish(2)
+	restarted := e.subscriber("g", "worker")
+	msgs := e.subscribe(restarted)
+	for _, want := range held {
+		got := receive(t, msgs)
+		assert.Equal(t, want.UUID, got.UUID, "own pending entries come first, in order")
+		assert.Equal(t, 2, valkeystream.DeliveryCount(got))
+		got.Ack()
+	}
+	for _, want := range newer {
+		got := receive(t, msgs)
+		assert.Equal(t, want.UUID, got.UUID)
+		assert.Equal(t, 1, valkeystream.DeliveryCount(got))
+		got.Ack()
+	}
+	require.NoError(t, restarted.Close())
+	assert.Empty(t, e.pending("g"))
+	assert.Equal(t, int64(3), restarted.Stats().Drained)
+}
+
+// shortClaim makes a peer reclaim quickly; the shipped ClaimMinIdle of 30 s
+// would make this test wait that long.
+func shortClaim(c *valkeystream.SubscriberConfig) {
+	c.BlockTime = 50 * time.Millisecond
+	c.ClaimInterval = 50 * time.Millisecond
+	c.ClaimMinIdle = 300 * time.Millisecond
+	c.AckFlushInterval = 10 * time.Millisecond
+}
+
+func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(3)
+	dead := e.subscriber("g", "dead")
+	receive(t, e.subscribe(dead))
+	require.NoError(t, dead.Close())
+
+	alive := e.subscriber("g", "alive", shortClaim)
+	msgs := e.subscribe(alive)
+	var got []string
+	for range sent {
+		m := receive(t, msgs)
+		got = append(got, m.UUID)
+		assert.Equal(t, 2, valkeystream.DeliveryCount(m), "a reclaim grows the server's count")
+		assert.Equal(t, "alive", m.Metadata.Get(valkeystream.MetadataConsumer))
+		m.Ack()
+	}
+	assert.ElementsMatch(t, uuidsOf(sent), got)
+	require.NoError(t, alive.Close())
+	assert.Empty(t, e.pending("g"))
+	assert.Equal(t, int64(3), alive.Stats().Reclaimed)
+}
+
+func TestReclaimDoesNotStealFromALiveHandlerOfTheSameSubscription(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	msgs := e.subscribe(e.subscriber("g", "c", shortClaim))
+	m := receive(t, msgs)
+	// Handle for several times ClaimMinIdle while the claim beat runs.
+	expectNothing(t, msgs, 1500*time.Millisecond)
+	m.Ack()
+}
+
+func TestTrimmedPendingEntriesAreAckedNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	e.publish(3)
+	first := e.subscriber("g", "c")
+	receive(t, e.subscribe(first))
+	require.NoError(t, first.Close())
+	require.NoError(t, e.client.XTrimMaxLen(ctx, e.topic, 0).Err())
+	fresh := e.publish(1)
+
+	sub := e.subscriber("g", "c")
+	msgs := e.subscribe(sub)
+	got := receive(t, msgs)
+	assert.Equal(t, fresh[0].UUID, got.UUID, "only the entry that still exists is delivered")
+	got.Ack()
+	require.NoError(t, sub.Close())
+	assert.Equal(t, int64(3), sub.Stats().MissingBodies)
+	assert.Empty(t, e.pending("g"))
+}
+
+func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(3)
+	dead := e.subscriber("g", "dead")
+	receive(t, e.subscribe(dead))
+	require.NoError(t, dead.Close())
+	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
+
+	peer := e.subscriber("g", "peer", shortClaim)
+	msgs := e.subscribe(peer)
+	m := receive(t, msgs)
+	require.Equal(t, sent[0].UUID, m.UUID)
+	// The body of a nacked entry vanishes before it is delivered again.
+	require.NoError(t, e.client.XDel(ctx, e.topic, m.Metadata.Get(valkeystream.MetadataEntryID)).Err())
+	m.Nack()
+	m = receive(t, msgs)
+	assert.Equal(t, sent[2].UUID, m.UUID)
+	m.Ack()
+	require.NoError(t, peer.Close())
+	assert.Equal(t, int64(2), peer.Stats().MissingBodies)
+	assert.Empty(t, e.pending("g"))
+}
+
+// receiveEntryID finds the stream entry id of a published message.
+func receiveEntryID(t *testing.T, e *env, uuid string) string {
+	t.Helper()
+	entries, err := e.client.XRange(context.Background(), e.topic, "-", "+").Result()
+	require.NoError(t, err)
+	for _, en := range entries {
+		if en.Values[valkeystream.FieldUUID] == uuid {
+			return en.ID
+		}
+	}
+	t.Fatalf("no entry holds message %s", uuid)
+	return ""
+}
+
+func TestUndecodableEntryIsMovedAsideAndTheLoopGoesOn(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	badID, err := e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Result()
+	require.NoError(t, err)
+	good := e.publish(1)
+
+	sub := e.subscriber("g", "c")
+	msgs := e.subscribe(sub)
+	got := receive(t, msgs)
+	assert.Equal(t, good[0].UUID, got.UUID)
+	got.Ack()
+	require.NoError(t, sub.Close())
+
+	moved, err := e.client.XRange(ctx, e.topic+valkeystream.DefaultInvalidEntrySuffix, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, moved, 1)
+	f := moved[0].Values
+	assert.Equal(t, "bar", f["foo"], "the raw fields are kept")
+	assert.Contains(t, f[valkeystream.FieldInvalidError], `no "uuid" field`)
+	assert.Equal(t, badID, f[valkeystream.MetadataEntryID])
+	assert.Equal(t, e.topic, f[valkeystream.MetadataStream])
+	assert.Equal(t, "g", f[valkeystream.MetadataGroup])
+	assert.Empty(t, e.pending("g"), "the undecodable entry is acknowledged once it is copied")
+	assert.Equal(t, int64(1), sub.Stats().InvalidEntries)
+}
+
+func TestUndecodableEntryStaysPendingWhenItCannotBeMoved(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	require.NoError(t, e.client.Set(ctx, e.topic+valkeystream.DefaultInvalidEntrySuffix, "occupied", 0).Err())
+	_, err := e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Result()
+	require.NoError(t, err)
+	good := e.publish(1)
+
+	sub := e.subscriber("g", "c")
+	msgs := e.subscribe(sub)
+	got := receive(t, msgs)
+	assert.Equal(t, good[0].UUID, got.UUID, "one bad entry never stops the loop")
+	got.Ack()
+	require.NoError(t, sub.Close())
+	p := e.pending("g")
+	require.Len(t, p, 1, "an entry that could not be moved aside is never lost")
+	assert.Equal(t, int64(0), sub.Stats().InvalidEntries)
+}
+
+func TestGroupRecreatedWhenItVanishes(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
+	msgs := e.subscribe(sub)
+	first := e.publish(1)
+	assert.Equal(t, uuidsOf(first), receiveAll(t, msgs, 1))
+
+	require.NoError(t, e.client.Del(ctx, e.topic).Err())
+	later := e.publish(1)
+	assert.Equal(t, uuidsOf(later), receiveAll(t, msgs, 1), "the door runs again and the group (StartHead) replays the new stream")
+	groups, err := e.client.XInfoGroups(ctx, e.topic).Result()
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+}
+
+func TestFanOutDeliversEveryEntryToEverySubscriber(t *testing.T) {
+	e := newEnv(t)
+	newSub := func(start valkeystream.StartPosition) <-chan *message.Message {
+		sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{Client: e.client, Start: start}, testLogger())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return e.subscribe(sub)
+	}
+	old := e.publish(1)
+	a, b := newSub(valkeystream.StartNew), newSub(valkeystream.StartNew)
+	head := newSub(valkeystream.StartHead)
+	fresh := e.publish(3)
+
+	assert.Equal(t, uuidsOf(fresh), receiveAll(t, a, 3))
+	assert.Equal(t, uuidsOf(fresh), receiveAll(t, b, 3))
+	assert.Equal(t, append(uuidsOf(old), uuidsOf(fresh)...), receiveAll(t, head, 4))
+
+	// A Nack in fan-out delivers the same message again.
+	more := e.publish(1)
+	m := receive(t, a)
+	require.Equal(t, more[0].UUID, m.UUID)
+	m.Nack()
+	again := receive(t, a)
+	assert.Equal(t, more[0].UUID, again.UUID)
+	assert.Equal(t, 2, valkeystream.DeliveryCount(again))
+	again.Ack()
+	_, err := e.client.XInfoGroups(context.Background(), e.topic).Result()
+	assert.NoError(t, err)
+	assert.Empty(t, e.client.XInfoGroups(context.Background(), e.topic).Val(), "fan-out creates no group")
+}
+
+func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
+	e := newEnv(t)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	ended, err := sub.Subscribe(ctx, e.topic)
+	require.NoError(t, err)
+	other, err := sub.Subscribe(context.Background(), e.topic+"-other")
+	require.NoError(t, err)
+	cancel()
+	select {
+	case _, ok := <-ended:
+		assert.False(t, ok)
+	case <-time.After(receiveTimeout):
+		t.Fatal("the channel of a cancelled subscription was not closed")
+	}
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	require.NoError(t, pub.Publish(e.topic+"-other", msg))
+	assert.Equal(t, msg.UUID, receiveAll(t, other, 1)[0])
+}
+
+func TestMessageContextEndsWhenSettled(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	m := receive(t, e.subscribe(e.subscriber("g", "c")))
+	require.NoError(t, m.Context().Err())
+	m.Ack()
+	select {
+	case <-m.Context().Done():
+	case <-time.After(receiveTimeout):
+		t.Fatal("the message context was not cancelled after Ack")
+	}
+}
+
+func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(2)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.AckFlushInterval = time.Minute // only Close sends it
+		c.ClaimMinIdle = 2 * time.Minute
+	})
+	msgs := e.subscribe(sub)
+	m := receive(t, msgs)
+	m.Ack()
+	// The loop now waits to hand over the second message, holding the Ack.
+	require.NoError(t, sub.Close())
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, receiveEntryID(t, e, sent[1].UUID), p[0].ID)
+	_, open := <-msgs
+	assert.False(t, open, "Close closes the channel")
+}
+
+func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
+	e := newEnv(t)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 20 * time.Millisecond })
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs, err := sub.Subscribe(context.Background(), fmt.Sprintf("%s-%d", e.topic, i))
+			if err != nil {
+				assert.True(t, errors.Is(err, valkeystream.ErrSubscriberClosed) || errors.Is(err, context.Canceled),
+					"unexpected error: %v", err)
+				return
+			}
+			for range msgs { //nolint:revive // drain until closed
+			}
+		}()
+	}
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, sub.Close())
+		}()
+	}
+	wg.Wait()
+	assert.NoError(t, sub.Close())
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
+}
+
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	srv := testserver.Start(t)
+	before := runtime.NumGoroutine()
+
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "g", Start: valkeystream.StartHead, CloseClient: true,
+	}, nil)
+	require.NoError(t, err)
+	fanOut, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{Client: client, Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := sub.Subscribe(context.Background(), fmt.Sprintf("leak-%d", i))
+		require.NoError(t, err)
+		_, err = fanOut.Subscribe(context.Background(), fmt.Sprintf("leak-%d", i))
+		require.NoError(t, err)
+	}
+	require.NoError(t, fanOut.Close())
+	require.NoError(t, sub.Close())
+
+	// Close has returned, so every goroutine of ours is gone; give the
+	// runtime a moment to retire the exited ones from its count.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("goroutines: got %d after Close, want at most %d\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+func TestConsumerNamesOfConcurrentSubscriptionsDiffer(t *testing.T) {
+	e := newEnv(t)
+	// One entry per read, so that each subscription gets one of the two.
+	sub := e.subscriber("g", "host", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 1 })
+	a := e.subscribe(sub)
+	b := e.subscribe(sub)
+	e.publish(2)
+	ma, mb := receive(t, a), receive(t, b)
+	names := []string{ma.Metadata.Get(valkeystream.MetadataConsumer), mb.Metadata.Get(valkeystream.MetadataConsumer)}
+	assert.ElementsMatch(t, []string{"host", "host-2"}, names)
+	ma.Ack()
+	mb.Ack()
+}
+
+func TestDefaultConsumerNameIsTheHostName(t *testing.T) {
+	e := newEnv(t)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	e.publish(1)
+	m := receive(t, e.subscribe(e.subscriber("g", "")))
+	assert.Equal(t, host, m.Metadata.Get(valkeystream.MetadataConsumer))
+	m.Ack()
+	assert.False(t, strings.Contains(host, " "))
+}
+
+func TestAckJustBeforeCloseIsSent(t *testing.T) {
+	e := newEnv(t)
+	for i := range 20 {
+		e.publish(1)
+		sub := e.subscriber("g", "c")
+		m := receive(t, e.subscribe(sub))
+		m.Ack()
+		require.NoError(t, sub.Close())
+		require.Empty(t, e.pending("g"), "round %d: an Ack made before Close must reach the server", i)
+	}
+}

@@ -1,0 +1,123 @@
+package valkeystream_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+)
+
+func TestSubscriberConfigValidate(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = client.Close() })
+	valid := func() valkeystream.SubscriberConfig {
+		return valkeystream.SubscriberConfig{Client: client, ConsumerGroup: "g", Consumer: "c", Start: valkeystream.StartNew}
+	}
+	tests := []struct {
+		name string
+		edit func(*valkeystream.SubscriberConfig)
+		want []string // substrings of the error; none means valid
+	}{
+		{name: "valid", edit: func(*valkeystream.SubscriberConfig) {}},
+		{name: "fan-out needs no consumer", edit: func(c *valkeystream.SubscriberConfig) { c.ConsumerGroup, c.Consumer = "", "" }},
+		{name: "no client", edit: func(c *valkeystream.SubscriberConfig) { c.Client = nil }, want: []string{"Client"}},
+		{name: "no declared start", edit: func(c *valkeystream.SubscriberConfig) { c.Start = 0 },
+			want: []string{"Start is not set", "StartNew ($", "StartHead (0"}},
+		{name: "unknown start", edit: func(c *valkeystream.SubscriberConfig) { c.Start = 7 },
+			want: []string{"StartPosition(7)", "StartNew", "StartHead"}},
+		{name: "fan-out needs a start too", edit: func(c *valkeystream.SubscriberConfig) { c.ConsumerGroup, c.Start = "", 0 },
+			want: []string{"Start"}},
+		{name: "prefix with hash tag", edit: func(c *valkeystream.SubscriberConfig) { c.KeyPrefix = "{app}:" }, want: []string{"KeyPrefix", "hash slot"}},
+		{name: "negative batch", edit: func(c *valkeystream.SubscriberConfig) { c.BatchSize = -1 }, want: []string{"BatchSize"}},
+		{name: "block below a millisecond", edit: func(c *valkeystream.SubscriberConfig) { c.BlockTime = time.Microsecond }, want: []string{"BlockTime", "1ms"}},
+		{name: "negative claim interval", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = -time.Second }, want: []string{"ClaimInterval"}},
+		{name: "negative nack delay", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = -time.Second }, want: []string{"NackResendDelay"}},
+		{name: "negative ack flush", edit: func(c *valkeystream.SubscriberConfig) { c.AckFlushInterval = -time.Second }, want: []string{"AckFlushInterval"}},
+		{name: "min idle not above block", edit: func(c *valkeystream.SubscriberConfig) {
+			c.BlockTime, c.ClaimMinIdle = 2*time.Second, time.Second
+		}, want: []string{"ClaimMinIdle (1s)", "BlockTime (2s)"}},
+		{name: "min idle not above ack flush", edit: func(c *valkeystream.SubscriberConfig) {
+			c.AckFlushInterval, c.ClaimMinIdle = time.Minute, 30*time.Second
+		}, want: []string{"ClaimMinIdle", "AckFlushInterval (1m0s)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid()
+			tt.edit(&cfg)
+			err := cfg.Validate()
+			_, newErr := valkeystream.NewSubscriber(cfg, nil)
+			if len(tt.want) == 0 {
+				assert.NoError(t, err)
+				assert.NoError(t, newErr)
+				return
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
+			assert.ErrorIs(t, newErr, valkeystream.ErrInvalidConfig, "NewSubscriber must fail in the caller's goroutine")
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestValidateDoesNotChangeTheConfig(t *testing.T) {
+	cfg := valkeystream.SubscriberConfig{Client: redis.NewClient(&redis.Options{}), ConsumerGroup: "g", Start: valkeystream.StartHead}
+	before := cfg
+	require.NoError(t, cfg.Validate())
+	assert.Equal(t, before, cfg)
+}
+
+func TestPublisherConfigValidate(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = client.Close() })
+	tests := []struct {
+		name string
+		cfg  valkeystream.PublisherConfig
+		want string
+	}{
+		{name: "valid", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"a": {MaxLen: 10}, "b": {MaxAge: time.Hour}}}},
+		{name: "no client", cfg: valkeystream.PublisherConfig{}, want: "Client"},
+		{name: "prefix with brace", cfg: valkeystream.PublisherConfig{Client: client, KeyPrefix: "a}"}, want: "KeyPrefix"},
+		{name: "both limits", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"t": {MaxLen: 1, MaxAge: time.Hour}}},
+			want: `Retention["t"] sets both`},
+		{name: "negative", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"t": {MaxLen: -1}}},
+			want: `Retention["t"] is negative`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			_, newErr := valkeystream.NewPublisher(tt.cfg, nil)
+			if tt.want == "" {
+				assert.NoError(t, err)
+				assert.NoError(t, newErr)
+				return
+			}
+			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
+			assert.ErrorIs(t, newErr, valkeystream.ErrInvalidConfig)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestParseStartPosition(t *testing.T) {
+	for in, want := range map[string]valkeystream.StartPosition{
+		"new": valkeystream.StartNew, "$": valkeystream.StartNew, " NEW ": valkeystream.StartNew,
+		"head": valkeystream.StartHead, "0": valkeystream.StartHead,
+	} {
+		got, err := valkeystream.ParseStartPosition(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	_, err := valkeystream.ParseStartPosition("latest")
+	assert.True(t, errors.Is(err, valkeystream.ErrInvalidConfig))
+	assert.ErrorContains(t, err, `"new"`)
+	assert.ErrorContains(t, err, `"head"`)
+	assert.Equal(t, "new", valkeystream.StartNew.String())
+	assert.Equal(t, "head", valkeystream.StartHead.String())
+}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 var (
@@ -37,8 +39,14 @@ type GroupCreateError struct {
 }
 
 func (e *GroupCreateError) Error() string {
-	return fmt.Sprintf("valkeystream: creating consumer group %q on stream %q (XGROUP CREATE ... MKSTREAM): %v; check that the key holds a stream (or is free) and that the client may run XGROUP",
+	msg := fmt.Sprintf("valkeystream: creating consumer group %q on stream %q (XGROUP CREATE ... MKSTREAM): %v",
 		e.Group, e.Key, e.Err)
+	var reply redis.Error
+	if errors.As(e.Err, &reply) {
+		// The server refused: say what usually causes that.
+		msg += "; check that the key holds a stream (or is free) and that the client may run XGROUP"
+	}
+	return msg
 }
 
 func (e *GroupCreateError) Unwrap() error { return e.Err }

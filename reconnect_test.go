@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
@@ -134,4 +135,46 @@ func testReconnect(t *testing.T, srv *testserver.Server, group string) {
 	}
 	t.Logf("%d messages, 2 restarts: %d failed publish calls retried, %d duplicate deliveries, stats %+v",
 		total, failures, duplicates, sub.Stats())
+}
+
+// TestOutageBacksOffAndResumes keeps the server down for two seconds. The
+// subscription must back off instead of spinning (a busy loop would fail
+// thousands of times), then resume by itself and deliver what is published
+// after the server is back.
+func TestOutageBacksOffAndResumes(t *testing.T) {
+	for _, group := range []string{"outage", ""} {
+		t.Run("group="+group, func(t *testing.T) {
+			srv := testserver.Start(t)
+			if !srv.Restartable() {
+				t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be stopped by the test")
+			}
+			client := newClient(t, srv)
+			pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, testLogger())
+			require.NoError(t, err)
+			sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+				Client: client, ConsumerGroup: group, Start: valkeystream.StartHead,
+			}, testLogger())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sub.Close() })
+			topic := "outage-" + watermill.NewShortUUID()
+			msgs, err := sub.Subscribe(context.Background(), topic)
+			require.NoError(t, err)
+
+			before := message.NewMessage(watermill.NewUUID(), []byte("before"))
+			require.NoError(t, pub.Publish(topic, before))
+			require.Equal(t, before.UUID, receiveAll(t, msgs, 1)[0])
+
+			require.NoError(t, srv.Kill())
+			time.Sleep(2 * time.Second)
+			faults := sub.Stats().Faults
+			require.NoError(t, srv.StartAgain())
+			t.Logf("failed calls during a 2 s outage: %d", faults)
+
+			assert.GreaterOrEqual(t, faults, int64(1), "the outage must be noticed")
+			assert.LessOrEqual(t, faults, int64(40), "failed calls in a 2 s outage: the loop must back off")
+			after := message.NewMessage(watermill.NewUUID(), []byte("after"))
+			require.Eventually(t, func() bool { return pub.Publish(topic, after) == nil }, receiveTimeout, 50*time.Millisecond)
+			assert.Equal(t, after.UUID, receiveAll(t, msgs, 1)[0])
+		})
+	}
 }

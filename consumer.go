@@ -13,11 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// FieldInvalidError is the field of an invalid-entry stream entry that holds
-// why the original entry could not be decoded. The entry also carries the
-// original fields and, under the Metadata* keys, where it came from.
-const FieldInvalidError = "valkeystream_error"
-
 // entry is one stream entry on its way to the handler.
 type entry struct {
 	id     string
@@ -27,10 +22,12 @@ type entry struct {
 
 // groupLoop is one consumer-group subscription. Only its own goroutine
 // touches it. It recovers before it reads anything new: after a start or a
-// fault, and at the start of every claim beat, it drains its own pending
-// entries from cursor 0; on every claim beat it reclaims entries other
-// consumers left idle; only then it reads new entries. It fetches only when nothing it fetched is still undelivered and
-// every Ack has been sent, so it never claims an entry it is handling.
+// fault it drains its own pending entries from cursor 0; on every claim beat
+// it reclaims entries that consumers left idle; only then it reads new
+// entries. It fetches only when nothing it fetched is still undelivered and
+// every Ack has been sent, so it never claims an entry it is handling, and
+// while it holds entries it renews its hold on them so that no peer reclaims
+// them from under it.
 type groupLoop struct {
 	sub      *Subscriber
 	cfg      *SubscriberConfig
@@ -41,38 +38,48 @@ type groupLoop struct {
 	out      chan *message.Message
 	logger   watermill.LoggerAdapter
 
-	queue []entry // fetched, not yet delivered, in order
+	queue    []entry // fetched, not yet delivered, in order
+	inFlight string  // id of the entry in a handler's hands, or ""
 
-	acks       []string    // Acked ids not yet sent
-	ackTimer   *time.Timer // fires when the oldest of acks is due
-	ackFailing bool        // the last flush failed (logged once per streak)
+	acks      []string    // Acked ids not yet sent
+	ackTimer  *time.Timer // fires when the oldest of acks is due
+	ackFaults int         // consecutive failed flushes while busy
 
-	draining   bool   // the own pending list is being drained
-	drainFrom  string // cursor of the drain
-	claimFrom  string // cursor of XAUTOCLAIM
-	nextClaim  time.Time
-	beatOpened bool // the current beat has drained the own pending list
+	leaseTimer *time.Timer // fires when the held entries need renewing
+	leaseEvery time.Duration
+
+	draining  bool   // the own pending list is being drained
+	drainFrom string // cursor of the drain
+	claimFrom string // cursor of XAUTOCLAIM
+	nextClaim time.Time
 
 	faults int // consecutive failed calls
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
+	return &groupLoop{
+		sub:        s,
+		cfg:        &s.config,
+		client:     s.config.Client,
+		key:        key,
+		group:      s.config.ConsumerGroup,
+		consumer:   consumer,
+		out:        out,
+		logger:     logger,
+		ackTimer:   stoppedTimer(),
+		leaseTimer: stoppedTimer(),
+		// Three renewals fit in one ClaimMinIdle, so a late one still holds.
+		leaseEvery: s.config.ClaimMinIdle / 3,
+		draining:   true,
+		drainFrom:  "0",
+		claimFrom:  "0-0",
+	}
+}
+
+func stoppedTimer() *time.Timer {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &groupLoop{
-		sub:       s,
-		cfg:       &s.config,
-		client:    s.config.Client,
-		key:       key,
-		group:     s.config.ConsumerGroup,
-		consumer:  consumer,
-		out:       out,
-		logger:    logger,
-		ackTimer:  t,
-		draining:  true,
-		drainFrom: "0",
-		claimFrom: "0-0",
-	}
+	return t
 }
 
 func (l *groupLoop) run(ctx context.Context) {
@@ -106,23 +113,19 @@ func (l *groupLoop) fetch(ctx context.Context) error {
 	if err := l.flushAcks(ctx); err != nil {
 		return err
 	}
+	var err error
 	switch {
 	case l.draining:
-		return l.drain(ctx)
+		err = l.drain(ctx)
 	case !time.Now().Before(l.nextClaim):
-		if !l.beatOpened {
-			// A beat recovers self before peers. At this point the loop holds
-			// nothing, so any entry still pending for this consumer is one
-			// whose read reply was lost (the client retried the read after a
-			// dropped connection): it comes back now, not after ClaimMinIdle.
-			l.beatOpened = true
-			l.draining, l.drainFrom = true, "0"
-			return l.drain(ctx)
-		}
-		return l.claim(ctx)
+		err = l.claim(ctx)
 	default:
-		return l.readNew(ctx)
+		err = l.readNew(ctx)
 	}
+	if len(l.queue) > 0 {
+		l.leaseTimer.Reset(l.leaseEvery)
+	}
+	return err
 }
 
 func (l *groupLoop) drain(ctx context.Context) error {
@@ -169,7 +172,6 @@ func (l *groupLoop) claim(ctx context.Context) error {
 		// The pending list was scanned to its end; the next beat starts over.
 		// Until then, a cursor other than 0-0 means more to reclaim first.
 		l.nextClaim = time.Now().Add(l.cfg.ClaimInterval)
-		l.beatOpened = false
 	}
 	for _, id := range deleted {
 		// The server already dropped these from the pending list.
@@ -243,6 +245,8 @@ func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage
 // handle delivers e until it is Acked, redelivering it after each Nack. It
 // returns false when the subscription ended.
 func (l *groupLoop) handle(ctx context.Context, e entry) bool {
+	l.inFlight = e.id
+	defer func() { l.inFlight = "" }()
 	for {
 		msg, err := l.cfg.Unmarshaler.Unmarshal(e.fields)
 		if err != nil {
@@ -257,17 +261,18 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
-		acked, ok := deliver(ctx, l.out, msg, l.flushDue, l.flushWhileBusy)
+		result := deliver(ctx, l.out, msg, l, &l.sub.stats.delivered)
 		cancel()
-		if acked {
-			l.sub.stats.delivered.Add(1)
+		switch result {
+		case acked:
 			l.addAck(e.id)
-			return ok
-		}
-		if !ok {
+			return true
+		case ackedThenStopped:
+			l.addAck(e.id)
+			return false
+		case stopped:
 			return false
 		}
-		l.sub.stats.delivered.Add(1)
 		l.sub.stats.nacked.Add(1)
 		l.logger.Trace("Message nacked, delivering it again", watermill.LogFields{
 			"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count})
@@ -283,10 +288,10 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 }
 
 // redeliver claims a Nacked entry again for this consumer, which grows its
-// delivery count, and returns it with the new count, or nil when the entry
-// is no longer pending.
+// delivery count, and returns it with the new count, or nil when it is not
+// this consumer's to deliver any more.
 func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
-	if !sleep(ctx, l.cfg.NackResendDelay) {
+	if !pause(ctx, l.cfg.NackResendDelay, l) {
 		return nil, false
 	}
 	for {
@@ -301,28 +306,84 @@ func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
 }
 
 func (l *groupLoop) claimBack(ctx context.Context, id string) (*entry, error) {
-	pipe := l.client.Pipeline()
-	before := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: l.key, Group: l.group, Start: id, End: id, Count: 1})
-	claimed := pipe.XClaim(ctx, &redis.XClaimArgs{
-		Stream: l.key, Group: l.group, Consumer: l.consumer, MinIdle: 0, Messages: []string{id}})
-	after := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: l.key, Group: l.group, Start: id, End: id, Count: 1, Consumer: l.consumer})
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	reply, err := claimBackScript.Run(ctx, l.client, []string{l.key}, l.group, l.consumer, id).Slice()
+	if err != nil {
 		return nil, err
 	}
-	msgs, pending := claimed.Val(), after.Val()
-	switch {
-	case len(msgs) == 1 && msgs[0].Values != nil && len(pending) == 1:
-		return &entry{id: id, fields: msgs[0].Values, count: pending[0].RetryCount}, nil
-	case len(before.Val()) == 0:
+	status, _ := reply[0].(string)
+	switch status {
+	case "ok":
+		if len(reply) != 3 {
+			return nil, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+		}
+		count, ok := reply[1].(int64)
+		if !ok {
+			return nil, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
+		}
+		fields, err := fieldMap(reply[2])
+		if err != nil {
+			return nil, err
+		}
+		return &entry{id: id, fields: fields, count: count}, nil
+	case "gone":
 		l.logger.Debug("Nacked entry is no longer pending, not delivering it again", watermill.LogFields{"entry_id": id})
-		return nil, nil
+	case "taken":
+		l.logger.Info("Nacked entry was taken over by another consumer meanwhile; leaving it to that consumer",
+			watermill.LogFields{"entry_id": id})
+	case "missing":
+		l.reportMissing(id, false) // the script acknowledged it
 	default:
-		// It was pending, but its body is gone from the stream.
-		l.reportMissing(id, len(pending) == 1)
-		return nil, nil
+		return nil, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
 	}
+	return nil, nil
+}
+
+// renewLeases resets the idle time of every entry this loop holds, so that
+// no peer reclaims an entry that is alive here, and drops from the queue any
+// entry that is no longer pending for this consumer.
+func (l *groupLoop) renewLeases(ctx context.Context) {
+	ids := make([]any, 0, len(l.queue)+4)
+	ids = append(ids, l.group, l.consumer)
+	if l.inFlight != "" {
+		ids = append(ids, l.inFlight)
+	}
+	for _, e := range l.queue {
+		ids = append(ids, e.id)
+	}
+	if len(ids) == 2 {
+		return
+	}
+	defer l.leaseTimer.Reset(l.leaseEvery)
+	counts, err := renewScript.Run(ctx, l.client, []string{l.key}, ids...).Int64Slice()
+	if err != nil || len(counts) != len(ids)-2 {
+		l.sub.stats.faults.Add(1)
+		l.logger.Error("Renewing the hold on held entries failed; peers may reclaim them after ClaimMinIdle",
+			err, watermill.LogFields{"entries": len(ids) - 2})
+		return
+	}
+	if l.inFlight != "" {
+		if counts[0] == 0 {
+			l.logger.Info("The entry being handled was taken over by another consumer", watermill.LogFields{"entry_id": l.inFlight})
+		}
+		counts = counts[1:]
+	}
+	kept := l.queue[:0]
+	for i, e := range l.queue {
+		if counts[i] == 0 {
+			continue // another consumer holds it now
+		}
+		e.count = counts[i]
+		kept = append(kept, e)
+	}
+	l.queue = kept
+}
+
+// leaseDue returns the channel that fires when held entries need renewing.
+func (l *groupLoop) leaseDue() <-chan time.Time {
+	if l.inFlight == "" && len(l.queue) == 0 {
+		return nil
+	}
+	return l.leaseTimer.C
 }
 
 // reportMissing handles a pending entry whose body was trimmed or deleted: it
@@ -387,19 +448,19 @@ func (l *groupLoop) flushDue() <-chan time.Time {
 }
 
 // flushWhileBusy sends due Acks while a message is being handled. A failure
-// keeps them for the next try.
+// keeps them for the next try, after a backoff.
 func (l *groupLoop) flushWhileBusy(ctx context.Context) {
 	err := l.flushAcks(ctx)
 	if err == nil {
-		l.ackFailing = false
+		l.ackFaults = 0
 		return
 	}
 	l.sub.stats.faults.Add(1)
-	if !l.ackFailing {
+	l.ackFaults++
+	if l.ackFaults == 1 {
 		l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
-		l.ackFailing = true
 	}
-	l.ackTimer.Reset(backoff(1))
+	l.ackTimer.Reset(backoff(l.ackFaults))
 }
 
 func (l *groupLoop) flushAcks(ctx context.Context) error {
@@ -418,6 +479,7 @@ func (l *groupLoop) flushAcks(ctx context.Context) error {
 
 func (l *groupLoop) flushOnExit() {
 	l.ackTimer.Stop()
+	l.leaseTimer.Stop()
 	if len(l.acks) == 0 {
 		return
 	}
@@ -447,7 +509,7 @@ func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
 	delay := backoff(l.faults)
 	l.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
 		"operation": what, "attempt": l.faults, "retry_in": delay.String()})
-	return sleep(ctx, delay)
+	return pause(ctx, delay, l)
 }
 
 // parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed

@@ -3,6 +3,7 @@ package valkeystream
 import (
 	"context"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,45 +20,97 @@ const (
 	closeFlushTimeout = 5 * time.Second
 )
 
-// deliver sends msg on out and waits until it is Acked or Nacked. flush, when
-// not nil, fires while the loop waits; onFlush is then called. It returns
-// ok=false when ctx ended first; acked is then still true if the Ack came
-// before the end, so that Close sends it.
-func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Message,
-	flush func() <-chan time.Time, onFlush func(context.Context)) (acked, ok bool) {
-	for sent := false; !sent; {
+// chores are what a loop keeps doing while it waits for a handler: sending
+// Acks that are due and renewing its hold on the entries it holds. Each due
+// method returns nil when nothing is due.
+type chores interface {
+	flushDue() <-chan time.Time
+	flushWhileBusy(ctx context.Context)
+	leaseDue() <-chan time.Time
+	renewLeases(ctx context.Context)
+}
+
+// outcome is how a delivery ended.
+type outcome int
+
+const (
+	stopped          outcome = iota // ctx ended first; the message was not Acked
+	acked                           // the handler Acked it
+	nacked                          // the handler Nacked it
+	ackedThenStopped                // it was Acked, and ctx has ended
+)
+
+// deliver sends msg on out, counts it in sent, and waits until it is Acked or
+// Nacked, doing c's chores (if any) meanwhile.
+func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Message, c chores, sent *atomic.Int64) outcome {
+	for {
+		flush, lease := dueOf(c)
 		select {
 		case out <- msg:
-			sent = true
-		case <-flush():
-			onFlush(ctx)
+			sent.Add(1)
+			return await(ctx, msg, c)
+		case <-flush:
+			c.flushWhileBusy(ctx)
+		case <-lease:
+			c.renewLeases(ctx)
 		case <-ctx.Done():
-			return false, false
+			return stopped
 		}
 	}
+}
+
+func await(ctx context.Context, msg *message.Message, c chores) outcome {
 	for {
+		flush, lease := dueOf(c)
 		select {
 		case <-msg.Acked():
-			return true, true
+			return acked
 		case <-msg.Nacked():
-			return false, true
-		case <-flush():
-			onFlush(ctx)
+			return nacked
+		case <-flush:
+			c.flushWhileBusy(ctx)
+		case <-lease:
+			c.renewLeases(ctx)
 		case <-ctx.Done():
 			select {
 			case <-msg.Acked():
-				return true, false
+				return ackedThenStopped // so that Close still sends the Ack
 			default:
-				return false, false
+				return stopped
 			}
 		}
 	}
 }
 
-// noFlush is the flush of a loop that has nothing to flush.
-func noFlush() <-chan time.Time { return nil }
+// pause waits for d or until ctx ends, doing c's chores meanwhile, and
+// reports whether d passed.
+func pause(ctx context.Context, d time.Duration, c chores) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		flush, lease := dueOf(c)
+		select {
+		case <-t.C:
+			return true
+		case <-flush:
+			c.flushWhileBusy(ctx)
+		case <-lease:
+			c.renewLeases(ctx)
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
 
-func noFlushNeeded(context.Context) {}
+func dueOf(c chores) (flush, lease <-chan time.Time) {
+	if c == nil {
+		return nil, nil
+	}
+	return c.flushDue(), c.leaseDue()
+}
 
 // backoff returns the wait before retry number attempt (1 for the first),
 // with a little jitter so that many consumers do not retry in step.
@@ -68,19 +121,4 @@ func backoff(attempt int) time.Duration {
 	}
 	d = min(d, backoffMax)
 	return d - time.Duration(rand.Int64N(int64(d)/5+1))
-}
-
-// sleep waits for d or until ctx ends, and reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -39,7 +39,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 				delay := backoff(l.faults)
 				l.logger.Error("Stream read failed; retrying", err, watermill.LogFields{
 					"attempt": l.faults, "retry_in": delay.String()})
-				if !sleep(ctx, delay) {
+				if !pause(ctx, delay, nil) {
 					return
 				}
 				continue
@@ -67,17 +67,16 @@ func (l *fanOutLoop) run(ctx context.Context) {
 			msg.Metadata.Set(MetadataStream, l.key)
 			msgCtx, cancel := context.WithCancel(ctx)
 			msg.SetContext(msgCtx)
-			acked, ok := deliver(ctx, l.out, msg, noFlush, noFlushNeeded)
+			result := deliver(ctx, l.out, msg, nil, &l.sub.stats.delivered)
 			cancel()
-			if !ok {
+			if result == stopped || result == ackedThenStopped {
 				return
 			}
-			l.sub.stats.delivered.Add(1)
-			if acked {
+			if result == acked {
 				break
 			}
 			l.sub.stats.nacked.Add(1)
-			if !sleep(ctx, cfg.NackResendDelay) {
+			if !pause(ctx, cfg.NackResendDelay, nil) {
 				return
 			}
 		}

@@ -15,6 +15,11 @@ const (
 	FieldUUID = "uuid"
 	// FieldPayload holds the message payload.
 	FieldPayload = "payload"
+	// FieldInvalidError is the field of an entry in an invalid-entry stream
+	// that holds why the original entry could not be decoded. Such an entry
+	// also carries the original fields and, under the Metadata* keys, where
+	// it came from.
+	FieldInvalidError = "valkeystream_error"
 )
 
 // Metadata keys that a [Subscriber] sets on every delivered message. A value

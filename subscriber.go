@@ -65,6 +65,12 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if s.config.ConsumerGroup == "" {
 		return nil
 	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrSubscriberClosed
+	}
 	return s.openGroup(s.closing, s.config.KeyPrefix+topic)
 }
 

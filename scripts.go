@@ -1,0 +1,53 @@
+package valkeystream
+
+import "github.com/redis/go-redis/v9"
+
+// Server-side scripts for the steps that must check who holds an entry and
+// act on it in one atomic step. Each touches one stream key, so they run on
+// a cluster as well.
+
+// renewScript keeps this consumer's hold on entries it holds (fetched but
+// not yet handled, or in a handler's hands): for each id still pending for
+// ARGV[2] it resets the idle time with XCLAIM ... JUSTID, which leaves the
+// delivery count alone, and returns that count; 0 for an id that is not
+// pending for ARGV[2] any more.
+//
+// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3...] ids.
+var renewScript = redis.NewScript(`
+local out = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #p == 1 then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    out[#out + 1] = p[1][4]
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+`)
+
+// claimBackScript claims a Nacked entry again for the consumer that Nacked
+// it, which grows its delivery count, unless another consumer has taken it
+// over meanwhile. It returns {"ok", count, fields}, or {"gone"} when the entry
+// is not pending (it was acknowledged elsewhere), {"taken"} when another
+// consumer holds it, {"missing"} when its body was trimmed or deleted (it is
+// then acknowledged).
+//
+// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id.
+var claimBackScript = redis.NewScript(`
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #p == 0 then
+  return {'gone'}
+end
+if p[1][2] ~= ARGV[2] then
+  return {'taken'}
+end
+local c = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
+if #c == 0 or not c[1][2] then
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+  return {'missing'}
+end
+local q = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+return {'ok', q[1][4], c[1][2]}
+`)

@@ -132,8 +132,9 @@ type SubscriberConfig struct {
 
 	// ClaimMinIdle is how long an entry must have been idle, as the server
 	// measures it, before another consumer reclaims it (XAUTOCLAIM
-	// min-idle-time). A handler that runs longer than this can see its entry
-	// delivered to a peer as well. It must exceed BlockTime and
+	// min-idle-time). A subscription renews its hold on the entries it holds
+	// every ClaimMinIdle/3, so only entries of a consumer that died or
+	// stalled for this long are reclaimed. It must exceed BlockTime and
 	// AckFlushInterval. Only used with ConsumerGroup. Default:
 	// DefaultClaimMinIdle.
 	ClaimMinIdle time.Duration

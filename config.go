@@ -140,7 +140,10 @@ type SubscriberConfig struct {
 	ClaimMinIdle time.Duration
 
 	// NackResendDelay is how long a Nacked message waits before it is
-	// delivered again. Default: 0, at once.
+	// delivered again. Acks and hold renewals go on meanwhile. Default: 0,
+	// at once: a handler that always fails then retries at network speed,
+	// so set a delay, or use Watermill's middleware.Retry and a poison rule
+	// on DeliveryCount.
 	NackResendDelay time.Duration
 
 	// AckFlushInterval bounds how long an Ack may wait to be sent together

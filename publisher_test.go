@@ -124,7 +124,12 @@ func TestPublishRetention(t *testing.T) {
 	e := newEnv(t)
 	// Approximate trimming removes whole nodes only; one entry per node makes
 	// it exact on this private server.
+	prev, err := e.client.ConfigGet(ctx, "stream-node-max-entries").Result()
+	require.NoError(t, err)
 	require.NoError(t, e.client.ConfigSet(ctx, "stream-node-max-entries", "1").Err())
+	t.Cleanup(func() { // the server may be a shared one (VALKEYSTREAM_TEST_ADDR)
+		_ = e.client.ConfigSet(context.Background(), "stream-node-max-entries", prev["stream-node-max-entries"]).Err()
+	})
 	ageTopic := e.topic + "-age"
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
 		Client: e.client,

@@ -677,6 +677,10 @@ func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
 
 func TestCloseLeavesNoGoroutine(t *testing.T) {
 	srv := testserver.Start(t)
+	// Goroutines of other tests (the universal suite leaves some
+	// subscribers open) are told apart by id: ids only grow.
+	firstID := nextGoroutineID()
+
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: client, ConsumerGroup: "g", Start: valkeystream.StartHead, CloseClient: true,
@@ -690,16 +694,17 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		_, err = fanOut.Subscribe(context.Background(), fmt.Sprintf("leak-%d", i))
 		require.NoError(t, err)
 	}
+	require.NotEmpty(t, goroutinesSince(firstID), "the check must see the subscriptions' goroutines")
 	require.NoError(t, fanOut.Close())
 	require.NoError(t, sub.Close())
 
-	// Close has returned, so no goroutine may run code of this package or
-	// of the client any more. Exited goroutines can take a moment to leave
-	// the runtime's list.
+	// Close has returned, so no goroutine started since may run code of
+	// this package or of the client any more. Exited goroutines can take a
+	// moment to leave the runtime's list.
 	var leaked []string
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		leaked = leakedGoroutines()
+		leaked = goroutinesSince(firstID)
 		if len(leaked) == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -708,21 +713,46 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	assert.Empty(t, leaked, "goroutines left after Close")
 }
 
-// leakedGoroutines returns the stacks of goroutines running code of this
-// package or of go-redis, other than test code.
-func leakedGoroutines() []string {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	var leaked []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "_test.go") || strings.Contains(g, "internal/testserver") {
+// nextGoroutineID returns an id no goroutine that exists now has.
+func nextGoroutineID() int {
+	maxID := 0
+	for _, g := range goroutineStacks() {
+		maxID = max(maxID, goroutineID(g))
+	}
+	return maxID + 1
+}
+
+// goroutinesSince returns the stacks of goroutines with an id of at least
+// first that run code of this package or of go-redis, other than tests.
+func goroutinesSince(first int) []string {
+	var found []string
+	for _, g := range goroutineStacks() {
+		if goroutineID(g) < first || strings.Contains(g, "_test.go") {
 			continue
 		}
 		if strings.Contains(g, "echomq/valkeystream.") || strings.Contains(g, "redis/go-redis") {
-			leaked = append(leaked, g)
+			found = append(found, g)
 		}
 	}
-	return leaked
+	return found
+}
+
+func goroutineStacks() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// goroutineID reads the id from a stack's first line, "goroutine 12 [...]".
+func goroutineID(stack string) int {
+	var id int
+	_, _ = fmt.Sscanf(stack, "goroutine %d ", &id)
+	return id
 }
 
 func TestConsumerNamesOfConcurrentSubscriptionsDiffer(t *testing.T) {

@@ -790,3 +790,22 @@ func TestAckJustBeforeCloseIsSent(t *testing.T) {
 		require.Empty(t, e.pending("g"), "round %d: an Ack made before Close must reach the server", i)
 	}
 }
+
+func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", "no-xgroup", "on", ">secret", "~*", "+@all", "-xgroup").Err())
+	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "no-xgroup").Err() })
+	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "no-xgroup", Password: "secret"})
+	t.Cleanup(func() { _ = limited.Close() })
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+
+	_, err = sub.Subscribe(ctx, e.topic)
+	var doorErr *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &doorErr)
+	assert.ErrorContains(t, err, "NOPERM")
+	assert.ErrorContains(t, err, e.topic)
+	require.NoError(t, sub.Close())
+}

@@ -23,13 +23,14 @@
 // # The loop
 //
 // One goroutine owns each subscription. It recovers before it reads anything
-// new: it drains this consumer's own pending entries from cursor 0, then reads
-// new entries with XREADGROUP ... >, and on every claim beat reclaims entries
-// of other consumers that have been idle longer than
-// [SubscriberConfig.ClaimMinIdle] with XAUTOCLAIM. Delivery is at-least-once:
-// a reclaimed or drained entry can arrive after newer ones, and the message
-// UUID (the id the publisher stored, never the stream position) is the key to
-// deduplicate on.
+// new: it drains this consumer's own pending entries from cursor 0, on every
+// claim beat it reclaims entries idle longer than
+// [SubscriberConfig.ClaimMinIdle] with XAUTOCLAIM, and only then it reads new
+// entries with XREADGROUP ... >. While it holds entries it renews its hold on
+// them, so that peers reclaim only the entries of consumers that died.
+// Delivery is at-least-once: a reclaimed or drained entry can arrive after
+// newer ones, and the message UUID (the id the publisher stored, never the
+// stream position) is the key to deduplicate on.
 //
 // Every delivered message carries the server's delivery count for its entry
 // under [MetadataDeliveryCount]; read it with [DeliveryCount].

@@ -546,6 +546,8 @@ func TestUndecodableEntryStaysPendingWhenItCannotBeMoved(t *testing.T) {
 func TestGroupRecreatedWhenItVanishes(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
+	// A short BlockTime makes the loop notice the deleted stream sooner; the
+	// default works too, only slower.
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
 	msgs := e.subscribe(sub)
 	first := e.publish(1)
@@ -592,6 +594,8 @@ func TestFanOutDeliversEveryEntryToEverySubscriber(t *testing.T) {
 
 func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
 	e := newEnv(t)
+	// A short BlockTime makes the cancelled subscription end sooner; the
+	// default bounds it at 500 ms.
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
 	ctx, cancel := context.WithCancel(context.Background())
 	ended, err := sub.Subscribe(ctx, e.topic)
@@ -646,6 +650,7 @@ func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
 
 func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
 	e := newEnv(t)
+	// A short BlockTime keeps the twenty Closes quick; the default works too.
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 20 * time.Millisecond })
 	var wg sync.WaitGroup
 	for i := range 20 {

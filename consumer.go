@@ -163,9 +163,15 @@ func (l *groupLoop) claim(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
 	}
-	next, msgs, deleted, err := parseAutoClaim(reply)
+	next, msgs, deleted, nulls, err := parseAutoClaim(reply)
 	if err != nil {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
+	}
+	if nulls > 0 {
+		// Claimed entries whose bodies are gone, reported without their ids:
+		// they are pending for this consumer now, and a drain of its own
+		// pending list names them, so that they are acknowledged.
+		l.draining, l.drainFrom = true, "0"
 	}
 	l.claimFrom = next
 	if next == "0-0" {
@@ -513,31 +519,36 @@ func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
 }
 
 // parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed
-// entries (a nil Values marks an entry whose body is gone, as Redis 6.2
-// reports it) and the ids the server dropped because their bodies are gone
-// (Redis 7 and later, Valkey).
-func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, err error) {
+// entries, the ids the server dropped because their bodies are gone (Redis 7
+// and later, Valkey), and how many claimed entries came back as a bare null
+// (Redis 6.2 reports a claimed entry whose body is gone that way, without its
+// id, and keeps it pending for the claiming consumer).
+func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, nulls int, err error) {
 	if len(reply) < 2 {
-		return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
+		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
 	}
 	next, ok := reply[0].(string)
 	if !ok {
-		return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
+		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
 	}
 	list, _ := reply[1].([]any)
 	for _, item := range list {
+		if item == nil {
+			nulls++
+			continue
+		}
 		pair, ok := item.([]any)
 		if !ok || len(pair) != 2 {
-			return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
+			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
 		}
 		id, ok := pair[0].(string)
 		if !ok {
-			return "", nil, nil, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
+			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
 		}
 		m := redis.XMessage{ID: id}
 		if pair[1] != nil {
 			if m.Values, err = fieldMap(pair[1]); err != nil {
-				return "", nil, nil, err
+				return "", nil, nil, 0, err
 			}
 		}
 		msgs = append(msgs, m)
@@ -550,7 +561,7 @@ func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []
 			}
 		}
 	}
-	return next, msgs, deleted, nil
+	return next, msgs, deleted, nulls, nil
 }
 
 // fieldMap turns an entry's field list (or map, in RESP3) into a map.

@@ -8,9 +8,9 @@ import (
 )
 
 // The XAUTOCLAIM reply differs between servers: Redis 6.2 answers with two
-// elements and reports a deleted entry as an id with a nil body; Redis 7 and
-// Valkey add a third element listing deleted ids. With RESP3 a client may see
-// an entry's fields as a map.
+// elements and reports a claimed entry whose body is gone as a bare null;
+// Redis 7 and Valkey add a third element listing deleted ids. With RESP3 a
+// client may see an entry's fields as a map.
 func TestParseAutoClaim(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -19,11 +19,17 @@ func TestParseAutoClaim(t *testing.T) {
 		wantIDs     []string
 		wantNil     []bool
 		wantDeleted []string
+		wantNulls   int
 	}{
 		{
 			name:     "redis 6.2 with a deleted body",
-			reply:    []any{"0-0", []any{[]any{"1-1", []any{"uuid", "a", "payload", "x"}}, []any{"2-1", nil}}},
-			wantNext: "0-0", wantIDs: []string{"1-1", "2-1"}, wantNil: []bool{false, true},
+			reply:    []any{"0-0", []any{[]any{"1-1", []any{"uuid", "a", "payload", "x"}}, nil}},
+			wantNext: "0-0", wantIDs: []string{"1-1"}, wantNil: []bool{false}, wantNulls: 1,
+		},
+		{
+			name:     "an entry without fields",
+			reply:    []any{"0-0", []any{[]any{"2-1", nil}}},
+			wantNext: "0-0", wantIDs: []string{"2-1"}, wantNil: []bool{true},
 		},
 		{
 			name:     "redis 7 and valkey",
@@ -39,8 +45,9 @@ func TestParseAutoClaim(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			next, msgs, deleted, err := parseAutoClaim(tt.reply)
+			next, msgs, deleted, nulls, err := parseAutoClaim(tt.reply)
 			require.NoError(t, err)
+			assert.Equal(t, tt.wantNulls, nulls)
 			assert.Equal(t, tt.wantNext, next)
 			assert.Equal(t, tt.wantDeleted, deleted)
 			require.Len(t, msgs, len(tt.wantIDs))
@@ -63,7 +70,7 @@ func TestParseAutoClaimRejectsMalformedReplies(t *testing.T) {
 		"odd field list": {"0-0", []any{[]any{"1-1", []any{"uuid"}}}},
 		"field name":     {"0-0", []any{[]any{"1-1", []any{1, "a"}}}},
 	} {
-		_, _, _, err := parseAutoClaim(reply)
+		_, _, _, _, err := parseAutoClaim(reply)
 		assert.Error(t, err, name)
 	}
 }

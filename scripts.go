@@ -32,7 +32,8 @@ return out
 // over meanwhile. It returns {"ok", count, fields}, or {"gone"} when the entry
 // is not pending (it was acknowledged elsewhere), {"taken"} when another
 // consumer holds it, {"missing"} when its body was trimmed or deleted (it is
-// then acknowledged).
+// then acknowledged). Redis 7 and Valkey answer XCLAIM of such an entry with
+// nothing; Redis 6.2 with a null element or an entry without fields.
 //
 // KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id.
 var claimBackScript = redis.NewScript(`
@@ -44,7 +45,7 @@ if p[1][2] ~= ARGV[2] then
   return {'taken'}
 end
 local c = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
-if #c == 0 or not c[1][2] then
+if #c == 0 or not c[1] or not c[1][2] then
   redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
   return {'missing'}
 end

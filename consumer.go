@@ -45,8 +45,9 @@ type groupLoop struct {
 	ackTimer  *time.Timer // fires when the oldest of acks is due
 	ackFaults int         // consecutive failed flushes while busy
 
-	leaseTimer *time.Timer // fires when the held entries need renewing
-	leaseEvery time.Duration
+	leaseTimer   *time.Timer // fires when the held entries need renewing
+	leaseEvery   time.Duration
+	leaseFailing bool // the last renewal failed (logged once per streak)
 
 	draining  bool   // the own pending list is being drained
 	drainFrom string // cursor of the drain
@@ -345,8 +346,9 @@ func (l *groupLoop) claimBack(ctx context.Context, id string) (*entry, error) {
 }
 
 // renewLeases resets the idle time of every entry this loop holds, so that
-// no peer reclaims an entry that is alive here, and drops from the queue any
-// entry that is no longer pending for this consumer.
+// no peer reclaims an entry that is alive here. It drops from the queue any
+// entry that is no longer pending for this consumer, and any whose body is
+// gone from the stream (acknowledged and counted, never delivered).
 func (l *groupLoop) renewLeases(ctx context.Context) {
 	ids := make([]any, 0, len(l.queue)+4)
 	ids = append(ids, l.group, l.consumer)
@@ -360,14 +362,27 @@ func (l *groupLoop) renewLeases(ctx context.Context) {
 		return
 	}
 	defer l.leaseTimer.Reset(l.leaseEvery)
+	if len(l.acks) > 0 {
+		// Acked entries wait for their flush unrenewed: send them now.
+		l.flushWhileBusy(ctx)
+	}
 	counts, err := renewScript.Run(ctx, l.client, []string{l.key}, ids...).Int64Slice()
-	if err != nil || len(counts) != len(ids)-2 {
+	if err == nil && len(counts) != len(ids)-2 {
+		err = fmt.Errorf("renewal answered %d counts for %d entries", len(counts), len(ids)-2)
+	}
+	if err != nil {
 		l.sub.stats.faults.Add(1)
-		l.logger.Error("Renewing the hold on held entries failed; peers may reclaim them after ClaimMinIdle",
-			err, watermill.LogFields{"entries": len(ids) - 2})
+		if !l.leaseFailing {
+			l.logger.Error("Renewing the hold on held entries failed; retrying on the next beat, peers may reclaim them after ClaimMinIdle",
+				err, watermill.LogFields{"entries": len(ids) - 2})
+			l.leaseFailing = true
+		}
 		return
 	}
+	l.leaseFailing = false
 	if l.inFlight != "" {
+		// The handler has the message either way; an Ack or a Nack settles
+		// what is left of it on the server.
 		if counts[0] == 0 {
 			l.logger.Info("The entry being handled was taken over by another consumer", watermill.LogFields{"entry_id": l.inFlight})
 		}
@@ -375,11 +390,15 @@ func (l *groupLoop) renewLeases(ctx context.Context) {
 	}
 	kept := l.queue[:0]
 	for i, e := range l.queue {
-		if counts[i] == 0 {
-			continue // another consumer holds it now
+		switch {
+		case counts[i] == 0:
+			// Another consumer holds it now.
+		case counts[i] < 0:
+			l.reportMissing(e.id, true)
+		default:
+			e.count = counts[i]
+			kept = append(kept, e)
 		}
-		e.count = counts[i]
-		kept = append(kept, e)
 	}
 	l.queue = kept
 }
@@ -458,7 +477,6 @@ func (l *groupLoop) flushDue() <-chan time.Time {
 func (l *groupLoop) flushWhileBusy(ctx context.Context) {
 	err := l.flushAcks(ctx)
 	if err == nil {
-		l.ackFaults = 0
 		return
 	}
 	l.sub.stats.faults.Add(1)
@@ -480,6 +498,7 @@ func (l *groupLoop) flushAcks(ctx context.Context) error {
 	l.sub.stats.acked.Add(n)
 	l.acks = l.acks[:0]
 	l.ackTimer.Stop()
+	l.ackFaults = 0
 	return nil
 }
 

@@ -4,24 +4,34 @@ import "github.com/redis/go-redis/v9"
 
 // Server-side scripts for the steps that must check who holds an entry and
 // act on it in one atomic step. Each touches one stream key, so they run on
-// a cluster as well.
+// a cluster as well. A failed XPENDING (NOGROUP when the group or the stream
+// is gone) is returned as the server's own error reply, so that the client
+// sees the same reply prefix on every server version.
 
 // renewScript keeps this consumer's hold on entries it holds (fetched but
-// not yet handled, or in a handler's hands): for each id still pending for
-// ARGV[2] it resets the idle time with XCLAIM ... JUSTID, which leaves the
-// delivery count alone, and returns that count; 0 for an id that is not
-// pending for ARGV[2] any more.
+// not yet handled, or in a handler's hands). For each id it returns:
+//   - the delivery count, after resetting the entry's idle time with
+//     XCLAIM ... JUSTID (which leaves the count alone), when the entry is
+//     pending for ARGV[2] and still in the stream;
+//   - -1 when it is pending for ARGV[2] but its body is gone from the stream
+//     (it is left pending, for the caller to acknowledge);
+//   - 0 when it is not pending for ARGV[2] any more.
 //
 // KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3...] ids.
 var renewScript = redis.NewScript(`
 local out = {}
 for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if #p == 1 then
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if p.err then
+    return p
+  end
+  if #p == 0 then
+    out[#out + 1] = 0
+  elseif #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 0 then
+    out[#out + 1] = -1
+  else
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
     out[#out + 1] = p[1][4]
-  else
-    out[#out + 1] = 0
   end
 end
 return out
@@ -37,7 +47,10 @@ return out
 //
 // KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id.
 var claimBackScript = redis.NewScript(`
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if p.err then
+  return p
+end
 if #p == 0 then
   return {'gone'}
 end

@@ -128,6 +128,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		abort()
 		return nil, err
 	}
+	if err := s.checkScripts(runCtx, key); err != nil {
+		abort()
+		return nil, err
+	}
 	consumer, release := acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
 	logFields["consumer_group"] = s.config.ConsumerGroup
 	logFields["consumer"] = consumer
@@ -174,6 +178,23 @@ func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 	return &GroupCreateError{Key: key, Group: s.config.ConsumerGroup, Err: err}
 }
 
+// checkScripts runs both server-side scripts of the loop once, with
+// arguments that change nothing, so that a client that may not run scripts
+// fails at Subscribe rather than at its first Nack, and so that the server
+// has them cached.
+func (s *Subscriber) checkScripts(ctx context.Context, key string) error {
+	group, consumer := s.config.ConsumerGroup, s.config.Consumer
+	err := renewScript.Run(ctx, s.config.Client, []string{key}, group, consumer).Err()
+	if err == nil {
+		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1").Err()
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused to run the subscription's scripts (EVALSHA, EVAL); allow them for this client: %w",
+			key, group, err)
+	}
+	return nil
+}
+
 // fanOutStart resolves where a fan-out subscription begins. StartNew is turned
 // into the id of the last entry now, so that nothing added after Subscribe
 // returns is missed.
@@ -214,7 +235,9 @@ type Stats struct {
 	// they are copied to the invalid-entry stream and acknowledged; in
 	// fan-out they are logged and skipped.
 	InvalidEntries int64
-	// Faults counts failed calls to the server, each followed by a backoff.
+	// Faults counts failed calls to the server: reads, claims, Acks and
+	// renewals. Reads and claims back off before they retry; a failed
+	// renewal is tried again on its next beat.
 	Faults int64
 }
 

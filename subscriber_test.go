@@ -364,8 +364,8 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 	peer := e.subscriber("g", "peer", shortClaim)
 	peerGot := collect(t, e.subscribe(peer))
 
-	// Handle for more than three times ClaimMinIdle while the peer's beat runs.
-	time.Sleep(3 * 400 * time.Millisecond)
+	// Handle for four times ClaimMinIdle (300 ms) while the peer's beat runs.
+	time.Sleep(4 * 300 * time.Millisecond)
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "holder", p[0].Consumer, "a live handler's entry must not be reclaimed")
@@ -400,6 +400,66 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	assert.Empty(t, e.pending("g"))
 }
 
+func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(3)
+	// Renewals every second; "other" looks alive for ClaimMinIdle (3 s),
+	// longer than this test needs.
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.ClaimMinIdle = 3 * time.Second
+		c.ClaimInterval = 50 * time.Millisecond
+	}))
+	m := receive(t, msgs) // the other two wait in the loop's queue
+	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
+		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
+	time.Sleep(1300 * time.Millisecond) // a renewal notices it
+	m.Ack()
+	next := receive(t, msgs)
+	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")
+	next.Ack()
+	expectNothing(t, msgs, 300*time.Millisecond)
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "other", p[0].Consumer)
+}
+
+func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(3)
+	sub := e.subscriber("g", "c", shortClaim)
+	msgs := e.subscribe(sub)
+	m := receive(t, msgs)
+	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
+	time.Sleep(300 * time.Millisecond) // a few renewals (every 100 ms) notice it
+	m.Ack()
+	next := receive(t, msgs)
+	assert.Equal(t, sent[2].UUID, next.UUID)
+	next.Ack()
+	require.NoError(t, sub.Close())
+	assert.Equal(t, int64(1), sub.Stats().MissingBodies)
+	assert.Empty(t, e.pending("g"))
+}
+
+func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", "no-scripts", "on", ">secret", "~*", "+@all", "-@scripting").Err())
+	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "no-scripts").Err() })
+	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "no-scripts", Password: "secret"})
+	t.Cleanup(func() { _ = limited.Close() })
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+
+	_, err = sub.Subscribe(ctx, e.topic)
+	require.Error(t, err, "a subscription that could not Nack must not start")
+	assert.ErrorContains(t, err, "NOPERM")
+	assert.ErrorContains(t, err, "EVALSHA")
+	require.NoError(t, sub.Close())
+}
+
 func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
@@ -421,7 +481,8 @@ func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
 	sent := e.publish(2)
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
 		c.NackResendDelay = 3 * time.Second
-		c.AckFlushInterval = 10 * time.Millisecond
+		// Long enough that the Ack is still waiting when the Nack comes.
+		c.AckFlushInterval = 300 * time.Millisecond
 	})
 	msgs := e.subscribe(sub)
 	m := receive(t, msgs)

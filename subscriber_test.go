@@ -413,7 +413,7 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
-	time.Sleep(1300 * time.Millisecond) // a renewal notices it
+	time.Sleep(1800 * time.Millisecond) // a renewal (every second) notices it
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")

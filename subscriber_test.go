@@ -442,18 +442,27 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	assert.Empty(t, e.pending("g"))
 }
 
-func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
+// limitedSubscriber returns a group Subscriber whose client logs in as a
+// user with every permission but the ACL rule deny (e.g. "-xgroup").
+func limitedSubscriber(t *testing.T, e *env, user, deny string) *valkeystream.Subscriber {
+	t.Helper()
 	ctx := context.Background()
-	e := newEnv(t)
-	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", "no-scripts", "on", ">secret", "~*", "+@all", "-@scripting").Err())
-	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "no-scripts").Err() })
-	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "no-scripts", Password: "secret"})
+	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "+@all", deny).Err())
+	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", user).Err() })
+	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: user, Password: "secret"})
 	t.Cleanup(func() { _ = limited.Close() })
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
 
-	_, err = sub.Subscribe(ctx, e.topic)
+func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
+	e := newEnv(t)
+	sub := limitedSubscriber(t, e, "no-scripts", "-@scripting")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
 	require.Error(t, err, "a subscription that could not Nack must not start")
 	assert.ErrorContains(t, err, "NOPERM")
 	assert.ErrorContains(t, err, "EVALSHA")
@@ -858,17 +867,10 @@ func TestAckJustBeforeCloseIsSent(t *testing.T) {
 }
 
 func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
-	ctx := context.Background()
 	e := newEnv(t)
-	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", "no-xgroup", "on", ">secret", "~*", "+@all", "-xgroup").Err())
-	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "no-xgroup").Err() })
-	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "no-xgroup", Password: "secret"})
-	t.Cleanup(func() { _ = limited.Close() })
-	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
-	require.NoError(t, err)
+	sub := limitedSubscriber(t, e, "no-xgroup", "-xgroup")
 
-	_, err = sub.Subscribe(ctx, e.topic)
+	_, err := sub.Subscribe(context.Background(), e.topic)
 	var doorErr *valkeystream.GroupCreateError
 	require.ErrorAs(t, err, &doorErr)
 	assert.ErrorContains(t, err, "NOPERM")

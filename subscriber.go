@@ -106,6 +106,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	key := s.config.KeyPrefix + topic
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
+	var l interface{ run(context.Context) }
+	release := func() {}
 
 	if s.config.ConsumerGroup == "" {
 		start, err := s.fanOutStart(runCtx, key)
@@ -113,29 +115,23 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, err
 		}
-		l := &fanOutLoop{sub: s, key: key, out: out, lastID: start,
-			logger: s.logger.With(logFields)}
-		go func() {
-			defer s.wg.Done()
-			defer cancel()
-			defer stopWatch()
-			l.run(runCtx)
-		}()
-		return out, nil
+		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: s.logger.With(logFields)}
+	} else {
+		if err := s.openGroup(runCtx, key); err != nil {
+			abort()
+			return nil, err
+		}
+		if err := s.checkScripts(runCtx, key); err != nil {
+			abort()
+			return nil, err
+		}
+		var consumer string
+		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
+		logFields["consumer_group"] = s.config.ConsumerGroup
+		logFields["consumer"] = consumer
+		l = newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
 	}
 
-	if err := s.openGroup(runCtx, key); err != nil {
-		abort()
-		return nil, err
-	}
-	if err := s.checkScripts(runCtx, key); err != nil {
-		abort()
-		return nil, err
-	}
-	consumer, release := acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
-	logFields["consumer_group"] = s.config.ConsumerGroup
-	logFields["consumer"] = consumer
-	l := newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
 	s.logger.Debug("Subscribed", logFields)
 	go func() {
 		defer s.wg.Done()

@@ -54,7 +54,7 @@ type groupLoop struct {
 	claimFrom string // cursor of XAUTOCLAIM
 	nextClaim time.Time
 
-	faults int // consecutive failed calls
+	retries retries
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -67,6 +67,7 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		consumer:   consumer,
 		out:        out,
 		logger:     logger,
+		retries:    retries{sub: s, logger: logger},
 		ackTimer:   stoppedTimer(),
 		leaseTimer: stoppedTimer(),
 		// Three renewals fit in one ClaimMinIdle, so a late one still holds.
@@ -94,10 +95,7 @@ func (l *groupLoop) run(ctx context.Context) {
 				}
 				continue
 			}
-			if l.faults > 0 {
-				l.logger.Info("Stream reads resumed", watermill.LogFields{"failed_attempts": l.faults})
-				l.faults = 0
-			}
+			l.retries.succeeded()
 			continue
 		}
 		e := l.queue[0]
@@ -522,8 +520,6 @@ func (l *groupLoop) flushOnExit() {
 // list again before it reads anything new. It returns false when ctx ended
 // during the backoff.
 func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
-	l.sub.stats.faults.Add(1)
-	l.faults++
 	l.draining, l.drainFrom = true, "0"
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		l.logger.Error("Consumer group or stream vanished; creating it again", err, watermill.LogFields{"start": l.cfg.Start.String()})
@@ -531,10 +527,7 @@ func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
 			err = derr
 		}
 	}
-	delay := backoff(l.faults)
-	l.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
-		"operation": what, "attempt": l.faults, "retry_in": delay.String()})
-	return pause(ctx, delay, l)
+	return l.retries.fail(ctx, what, err, l)
 }
 
 // parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -110,6 +111,34 @@ func dueOf(c chores) (flush, lease <-chan time.Time) {
 		return nil, nil
 	}
 	return c.flushDue(), c.leaseDue()
+}
+
+// retries paces one loop's retries after failed calls to the server: it
+// counts the failure, logs it, and waits a backoff that grows with each
+// consecutive failure (doing c's chores meanwhile).
+type retries struct {
+	sub    *Subscriber
+	logger watermill.LoggerAdapter
+	n      int // consecutive failures
+}
+
+// fail records a failed call and waits before the next try. It returns false
+// when ctx ended during the wait.
+func (r *retries) fail(ctx context.Context, what string, err error, c chores) bool {
+	r.sub.stats.faults.Add(1)
+	r.n++
+	delay := backoff(r.n)
+	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
+		"operation": what, "attempt": r.n, "retry_in": delay.String()})
+	return pause(ctx, delay, c)
+}
+
+// succeeded ends a streak of failures.
+func (r *retries) succeeded() {
+	if r.n > 0 {
+		r.logger.Info("Stream calls resumed", watermill.LogFields{"failed_attempts": r.n})
+		r.n = 0
+	}
 }
 
 // backoff returns the wait before retry number attempt (1 for the first),

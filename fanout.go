@@ -21,8 +21,8 @@ type fanOutLoop struct {
 	lastID string // the last entry read
 	logger watermill.LoggerAdapter
 
-	queue  []redis.XMessage
-	faults int
+	queue   []redis.XMessage
+	retries retries
 }
 
 func (l *fanOutLoop) run(ctx context.Context) {
@@ -31,23 +31,12 @@ func (l *fanOutLoop) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 {
 			if err := l.fetch(ctx); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				l.sub.stats.faults.Add(1)
-				l.faults++
-				delay := backoff(l.faults)
-				l.logger.Error("Stream read failed; retrying", err, watermill.LogFields{
-					"attempt": l.faults, "retry_in": delay.String()})
-				if !pause(ctx, delay, nil) {
+				if ctx.Err() != nil || !l.retries.fail(ctx, "reading entries", err, nil) {
 					return
 				}
 				continue
 			}
-			if l.faults > 0 {
-				l.logger.Info("Stream reads resumed", watermill.LogFields{"failed_attempts": l.faults})
-				l.faults = 0
-			}
+			l.retries.succeeded()
 			continue
 		}
 		m := l.queue[0]

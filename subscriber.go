@@ -115,7 +115,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, err
 		}
-		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: s.logger.With(logFields)}
+		logger := s.logger.With(logFields)
+		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
+			retries: retries{sub: s, logger: logger}}
 	} else {
 		if err := s.openGroup(runCtx, key); err != nil {
 			abort()

@@ -217,34 +217,58 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 	return nil
 }
 
-// enqueueWithCounts queues msgs with their delivery counts read from the
-// pending list. An entry that is no longer pending for this consumer (a peer
-// took it meanwhile) is left out. It returns how many were queued.
+// enqueueWithCounts queues msgs, just read or claimed, with their delivery
+// counts from the pending list (see admit). It returns how many were queued.
 func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage) (int, error) {
-	pipe := l.client.Pipeline()
-	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	entries := make([]entry, len(msgs))
+	ids := make([]string, len(msgs))
 	for i, m := range msgs {
-		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: l.key, Group: l.group, Start: m.ID, End: m.ID, Count: 1, Consumer: l.consumer,
-		})
+		entries[i] = entry{id: m.ID, fields: m.Values}
+		ids[i] = m.ID
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	counts, err := l.hold(ctx, ids)
+	if err != nil {
 		return 0, err
 	}
-	n := 0
-	for i, m := range msgs {
-		pending := cmds[i].Val()
-		if len(pending) == 0 {
-			continue
-		}
-		if m.Values == nil {
-			l.reportMissing(m.ID, true)
-			continue
-		}
-		l.queue = append(l.queue, entry{id: m.ID, fields: m.Values, count: pending[0].RetryCount})
-		n++
+	kept := l.admit(entries, counts)
+	l.queue = append(l.queue, kept...)
+	return len(kept), nil
+}
+
+// hold renews this consumer's hold on the entries ids (renewScript) and
+// returns, for each, the server's delivery count, -1 when its body is gone
+// from the stream, or 0 when it is not pending for this consumer.
+func (l *groupLoop) hold(ctx context.Context, ids []string) ([]int64, error) {
+	args := make([]any, 0, len(ids)+2)
+	args = append(args, l.group, l.consumer)
+	for _, id := range ids {
+		args = append(args, id)
 	}
-	return n, nil
+	counts, err := renewScript.Run(ctx, l.client, []string{l.key}, args...).Int64Slice()
+	if err == nil && len(counts) != len(ids) {
+		err = fmt.Errorf("renewal answered %d counts for %d entries", len(counts), len(ids))
+	}
+	return counts, err
+}
+
+// admit returns the entries that are pending for this consumer, with the
+// server's counts (as hold reports them). An entry whose body is gone is
+// acknowledged and counted, never delivered; one that another consumer holds
+// now is left to it.
+func (l *groupLoop) admit(entries []entry, counts []int64) []entry {
+	kept := entries[:0]
+	for i, e := range entries {
+		switch {
+		case counts[i] == 0:
+			// Another consumer holds it now.
+		case counts[i] < 0 || e.fields == nil:
+			l.reportMissing(e.id, true)
+		default:
+			e.count = counts[i]
+			kept = append(kept, e)
+		}
+	}
+	return kept
 }
 
 // handle delivers e until it is Acked, redelivering it after each Nack. It
@@ -348,15 +372,14 @@ func (l *groupLoop) claimBack(ctx context.Context, id string) (*entry, error) {
 // entry that is no longer pending for this consumer, and any whose body is
 // gone from the stream (acknowledged and counted, never delivered).
 func (l *groupLoop) renewLeases(ctx context.Context) {
-	ids := make([]any, 0, len(l.queue)+4)
-	ids = append(ids, l.group, l.consumer)
+	ids := make([]string, 0, len(l.queue)+1)
 	if l.inFlight != "" {
 		ids = append(ids, l.inFlight)
 	}
 	for _, e := range l.queue {
 		ids = append(ids, e.id)
 	}
-	if len(ids) == 2 {
+	if len(ids) == 0 {
 		return
 	}
 	defer l.leaseTimer.Reset(l.leaseEvery)
@@ -364,15 +387,12 @@ func (l *groupLoop) renewLeases(ctx context.Context) {
 		// Acked entries wait for their flush unrenewed: send them now.
 		l.flushWhileBusy(ctx)
 	}
-	counts, err := renewScript.Run(ctx, l.client, []string{l.key}, ids...).Int64Slice()
-	if err == nil && len(counts) != len(ids)-2 {
-		err = fmt.Errorf("renewal answered %d counts for %d entries", len(counts), len(ids)-2)
-	}
+	counts, err := l.hold(ctx, ids)
 	if err != nil {
 		l.sub.stats.faults.Add(1)
 		if !l.leaseFailing {
 			l.logger.Error("Renewing the hold on held entries failed; retrying on the next beat, peers may reclaim them after ClaimMinIdle",
-				err, watermill.LogFields{"entries": len(ids) - 2})
+				err, watermill.LogFields{"entries": len(ids)})
 			l.leaseFailing = true
 		}
 		return
@@ -386,19 +406,7 @@ func (l *groupLoop) renewLeases(ctx context.Context) {
 		}
 		counts = counts[1:]
 	}
-	kept := l.queue[:0]
-	for i, e := range l.queue {
-		switch {
-		case counts[i] == 0:
-			// Another consumer holds it now.
-		case counts[i] < 0:
-			l.reportMissing(e.id, true)
-		default:
-			e.count = counts[i]
-			kept = append(kept, e)
-		}
-	}
-	l.queue = kept
+	l.queue = l.admit(l.queue, counts)
 }
 
 // leaseDue returns the channel that fires when held entries need renewing.

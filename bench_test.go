@@ -12,7 +12,12 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-// BenchmarkPublish measures Publish with one message per call and with 100.
+// The benchmarks use the private test server, which fsyncs every write; set
+// VALKEYSTREAM_TEST_ADDR to a server without persistence to measure the
+// adapter rather than the disk. bench/ compares against other adapters.
+
+// BenchmarkPublish measures Publish with one message per call and with 100,
+// from one goroutine, and with one message per call from many goroutines.
 func BenchmarkPublish(b *testing.B) {
 	srv := testserver.Start(b)
 	client := newClient(b, srv)
@@ -31,29 +36,55 @@ func BenchmarkPublish(b *testing.B) {
 			}
 		})
 	}
+	b.Run("1-per-call-parallel", func(b *testing.B) {
+		topic := "bench-" + watermill.NewShortUUID()
+		b.SetParallelism(32) // 64 goroutines on two cores
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			msg := message.NewMessage(watermill.NewUUID(), []byte("0123456789abcdef"))
+			for pb.Next() {
+				if err := pub.Publish(topic, msg); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+// prefill publishes n messages to a new topic and returns the topic.
+func prefill(b *testing.B, pub *valkeystream.Publisher, n int) string {
+	b.Helper()
+	topic := "bench-" + watermill.NewShortUUID()
+	batch := make([]*message.Message, 0, 1000)
+	for i := 0; i < n; i++ {
+		batch = append(batch, message.NewMessage(watermill.NewUUID(), []byte("0123456789abcdef")))
+		if len(batch) == cap(batch) || i == n-1 {
+			require.NoError(b, pub.Publish(topic, batch...))
+			batch = batch[:0]
+		}
+	}
+	return topic
+}
+
+func benchSubscriber(b *testing.B) (*valkeystream.Subscriber, *valkeystream.Publisher) {
+	srv := testserver.Start(b)
+	client := newClient(b, srv)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
+	require.NoError(b, err)
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "bench", Start: valkeystream.StartHead,
+	}, nil)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = sub.Close() })
+	return sub, pub
 }
 
 // BenchmarkConsume measures receiving and acking b.N pre-published messages
 // through a consumer group, straight from the Subscribe channel.
 func BenchmarkConsume(b *testing.B) {
-	srv := testserver.Start(b)
-	client := newClient(b, srv)
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
-	require.NoError(b, err)
-	topic := "bench-" + watermill.NewShortUUID()
-	batch := make([]*message.Message, 0, 1000)
-	for i := 0; i < b.N; i++ {
-		batch = append(batch, message.NewMessage(watermill.NewUUID(), []byte("0123456789abcdef")))
-		if len(batch) == cap(batch) || i == b.N-1 {
-			require.NoError(b, pub.Publish(topic, batch...))
-			batch = batch[:0]
-		}
-	}
-	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client: client, ConsumerGroup: "bench", Start: valkeystream.StartHead,
-	}, nil)
-	require.NoError(b, err)
-	defer sub.Close()
+	sub, pub := benchSubscriber(b)
+	topic := prefill(b, pub, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
 	msgs, err := sub.Subscribe(context.Background(), topic)
@@ -61,4 +92,28 @@ func BenchmarkConsume(b *testing.B) {
 	for range b.N {
 		(<-msgs).Ack()
 	}
+}
+
+// BenchmarkConsumeRouter measures b.N pre-published messages handled through
+// a Watermill router by a handler that does nothing.
+func BenchmarkConsumeRouter(b *testing.B) {
+	sub, pub := benchSubscriber(b)
+	topic := prefill(b, pub, b.N)
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(b, err)
+	done := make(chan struct{})
+	handled := 0
+	router.AddConsumerHandler("bench", topic, sub, func(*message.Message) error {
+		handled++ // the subscription delivers one message at a time
+		if handled == b.N {
+			close(done)
+		}
+		return nil
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	go func() { _ = router.Run(context.Background()) }()
+	<-done
+	b.StopTimer()
+	require.NoError(b, router.Close())
 }

@@ -19,6 +19,8 @@ type Publisher struct {
 	config PublisherConfig
 	logger watermill.LoggerAdapter
 
+	combiner combiner
+
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
 }
@@ -33,14 +35,19 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Publisher{config: config, logger: logger}, nil
+	return &Publisher{config: config, logger: logger, combiner: combiner{client: config.Client}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
-// It returns after the server accepted them. If some were not written, the
+// Calls made at the same time from several goroutines share round trips: a
+// call that finds one in progress waits for it, then goes with the others
+// that queued meanwhile (up to 1000 messages). Publish returns after the
+// server accepted the call's own messages. If some were not written, the
 // error is a *PublishError that lists their UUIDs; the others were written.
 // A message that cannot be encoded fails the whole call before anything is
-// sent. The call ends early when a message's context ends.
+// sent. A message's context that ends before the messages are sent fails the
+// call with nothing written; once they are sent with other calls', the call
+// waits for the answer, which the client's ReadTimeout bounds.
 //
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
@@ -80,21 +87,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	cmds := make([]*redis.StringCmd, len(msgs))
-	if len(msgs) == 1 {
-		cmds[0] = p.config.Client.XAdd(ctx, &args[0])
-	} else {
-		pipe := p.config.Client.Pipeline()
-		for i := range args {
-			cmds[i] = pipe.XAdd(ctx, &args[i])
-		}
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-	}
+	req := &writeRequest{ctx: ctx, args: args}
+	p.combiner.write(req)
 
 	var failed []string
 	var first error
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
+	for i, err := range req.errs {
+		if err != nil {
 			failed = append(failed, msgs[i].UUID)
 			if first == nil {
 				first = err

@@ -25,9 +25,13 @@ const (
 	DefaultClaimMinIdle = 30 * time.Second
 	// DefaultAckFlushInterval bounds how long an Ack waits before it is sent.
 	DefaultAckFlushInterval = 100 * time.Millisecond
-	// DefaultInvalidEntrySuffix names the stream that receives undecodable
-	// entries: the stream key plus this suffix.
-	DefaultInvalidEntrySuffix = ".invalid"
+	// DefaultDeadLetterSuffix names the dead-letter topic of a topic: the
+	// topic plus this suffix. A [Subscriber] copies undecodable entries of a
+	// stream to the stream key plus this suffix (see
+	// SubscriberConfig.DeadLetterSuffix), and [DeadLetter] publishes failed
+	// messages to the original topic plus this suffix unless told otherwise,
+	// so both kinds of dead letter of topic "orders" land in "orders.dead".
+	DefaultDeadLetterSuffix = ".dead"
 )
 
 // StartPosition is where a new consumer group begins reading. It has no usable
@@ -151,11 +155,15 @@ type SubscriberConfig struct {
 	// Close. Only used with ConsumerGroup. Default: DefaultAckFlushInterval.
 	AckFlushInterval time.Duration
 
-	// InvalidEntrySuffix names the stream that receives entries that cannot
+	// DeadLetterSuffix names the stream that receives entries that cannot
 	// be decoded: the stream key plus this suffix. Such an entry is copied
-	// there with its raw fields and the error, then acknowledged. Only used
-	// with ConsumerGroup. Default: DefaultInvalidEntrySuffix.
-	InvalidEntrySuffix string
+	// there as a dead letter, a message that DefaultMarshaler decodes, with
+	// its raw fields as metadata, the error and where it came from (see
+	// docs/dead-letters.md), then acknowledged. With the default, this is the
+	// stream [DeadLetter] publishes to by default (through a Publisher with
+	// the same KeyPrefix). Only used with ConsumerGroup. Default:
+	// DefaultDeadLetterSuffix.
+	DeadLetterSuffix string
 
 	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
 	Unmarshaler Unmarshaler
@@ -186,8 +194,8 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
 	}
-	if c.InvalidEntrySuffix == "" {
-		c.InvalidEntrySuffix = DefaultInvalidEntrySuffix
+	if c.DeadLetterSuffix == "" {
+		c.DeadLetterSuffix = DefaultDeadLetterSuffix
 	}
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = DefaultMarshaler{}

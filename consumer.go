@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"time"
 
@@ -18,6 +17,11 @@ type entry struct {
 	id     string
 	fields map[string]any // nil when the body is gone from the stream
 	count  int64          // the server's delivery count
+
+	// The message decoded ahead of its delivery (see handedOver).
+	decoded   bool
+	msg       *message.Message
+	decodeErr error
 }
 
 // groupLoop is one consumer-group subscription. Only its own goroutine
@@ -109,15 +113,16 @@ func (l *groupLoop) run(ctx context.Context) {
 // fetch fills the queue: from the own pending list while draining, else from
 // idle entries of others when the claim beat is due, else with new entries.
 func (l *groupLoop) fetch(ctx context.Context) error {
-	if err := l.flushAcks(ctx); err != nil {
-		return err
-	}
 	var err error
 	switch {
 	case l.draining:
-		err = l.drain(ctx)
+		if err = l.flushAcks(ctx); err == nil {
+			err = l.drain(ctx)
+		}
 	case !time.Now().Before(l.nextClaim):
-		err = l.claim(ctx)
+		if err = l.flushAcks(ctx); err == nil {
+			err = l.claim(ctx)
+		}
 	default:
 		err = l.readNew(ctx)
 	}
@@ -194,27 +199,66 @@ func (l *groupLoop) claim(ctx context.Context) error {
 	return nil
 }
 
+// readNew reads new entries. Acks waiting to be sent go in the same round
+// trip as a read that does not block, which under load brings the next batch
+// at once; only when that finds nothing does a blocking read follow.
 func (l *groupLoop) readNew(ctx context.Context) error {
-	streams, err := l.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group:    l.group,
-		Consumer: l.consumer,
-		Streams:  []string{l.key, ">"},
-		Count:    l.cfg.BatchSize,
-		Block:    l.cfg.BlockTime,
-	}).Result()
+	if len(l.acks) > 0 {
+		pipe := l.client.Pipeline()
+		ack := pipe.XAck(ctx, l.key, l.group, l.acks...)
+		read := pipe.XReadGroup(ctx, l.readArgs(-1))
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		streams, err := read.Result()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		if ackErr := l.acked(ack); ackErr != nil {
+			if err != nil {
+				return ackErr
+			}
+			l.ackFailed(ackErr) // kept and sent again after a backoff
+		}
+		if err != nil {
+			return fmt.Errorf("reading new entries: %w", err)
+		}
+		if l.enqueueNew(streams) > 0 {
+			return nil
+		}
+	}
+	streams, err := l.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
+	l.enqueueNew(streams)
+	return nil
+}
+
+// readArgs are those of XREADGROUP for new entries; a negative block means
+// not to block.
+func (l *groupLoop) readArgs(block time.Duration) *redis.XReadGroupArgs {
+	return &redis.XReadGroupArgs{
+		Group:    l.group,
+		Consumer: l.consumer,
+		Streams:  []string{l.key, ">"},
+		Count:    l.cfg.BatchSize,
+		Block:    block,
+	}
+}
+
+// enqueueNew queues entries read for the first time and returns how many.
+func (l *groupLoop) enqueueNew(streams []redis.XStream) int {
+	n := 0
 	for _, s := range streams {
 		for _, m := range s.Messages {
 			// A first delivery: the server's count is 1 by definition.
 			l.queue = append(l.queue, entry{id: m.ID, fields: m.Values, count: 1})
+			n++
 		}
 	}
-	return nil
+	return n
 }
 
 // enqueueWithCounts queues msgs, just read or claimed, with their delivery
@@ -277,17 +321,12 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 	l.inFlight = e.id
 	defer func() { l.inFlight = "" }()
 	for {
-		msg, err := l.cfg.Unmarshaler.Unmarshal(e.fields)
+		msg, err := l.decode(&e)
 		if err != nil {
 			l.moveInvalid(ctx, e, err)
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
-		msg.Metadata.Set(MetadataEntryID, e.id)
-		msg.Metadata.Set(MetadataStream, l.key)
-		msg.Metadata.Set(MetadataGroup, l.group)
-		msg.Metadata.Set(MetadataConsumer, l.consumer)
-
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
 		result := deliver(ctx, l.out, msg, l, &l.sub.stats.delivered)
@@ -313,6 +352,38 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		e = *next
+	}
+}
+
+// decode returns e's message, decoded ahead (see handedOver) or now, with
+// the metadata that tells where it came from.
+func (l *groupLoop) decode(e *entry) (*message.Message, error) {
+	if !e.decoded {
+		l.prepare(e)
+	}
+	msg, err := e.msg, e.decodeErr
+	e.msg, e.decodeErr, e.decoded = nil, nil, false
+	return msg, err
+}
+
+func (l *groupLoop) prepare(e *entry) {
+	e.decoded = true
+	e.msg, e.decodeErr = l.cfg.Unmarshaler.Unmarshal(e.fields)
+	if e.decodeErr != nil {
+		return
+	}
+	e.msg.Metadata.Set(MetadataEntryID, e.id)
+	e.msg.Metadata.Set(MetadataStream, l.key)
+	e.msg.Metadata.Set(MetadataGroup, l.group)
+	e.msg.Metadata.Set(MetadataConsumer, l.consumer)
+}
+
+// handedOver decodes the next queued entry while the handler works on the
+// message just handed over, so that decoding is off the path from one
+// message to the next.
+func (l *groupLoop) handedOver() {
+	if len(l.queue) > 0 && !l.queue[0].decoded {
+		l.prepare(&l.queue[0])
 	}
 }
 
@@ -428,39 +499,34 @@ func (l *groupLoop) reportMissing(id string, stillPending bool) {
 		nil, watermill.LogFields{"entry_id": id})
 }
 
-// moveInvalid copies an entry that cannot be decoded, with its raw fields and
-// the error, to the invalid-entry stream, then acknowledges it. If the copy
-// fails, the entry stays pending and comes back with the next drain or
-// reclaim.
+// moveInvalid copies an entry that cannot be decoded to the dead-letter
+// stream, as a decodable message with its raw fields, the error and its
+// origin (see invalidEntryRecord), then acknowledges it. If the copy fails,
+// the entry stays pending and comes back with the next drain or reclaim.
 func (l *groupLoop) moveInvalid(ctx context.Context, e entry, decodeErr error) {
-	dest := l.key + l.cfg.InvalidEntrySuffix
-	keys := make([]string, 0, len(e.fields))
-	for k := range e.fields {
-		keys = append(keys, k)
+	dest := l.key + l.cfg.DeadLetterSuffix
+	record := invalidEntryRecord(e.fields, origin{
+		topic:         l.key[len(l.cfg.KeyPrefix):],
+		stream:        l.key,
+		entryID:       e.id,
+		group:         l.group,
+		consumer:      l.consumer,
+		deliveryCount: strconv.FormatInt(e.count, 10),
+	}, decodeErr)
+	fields := watermill.LogFields{"entry_id": e.id, "dead_letter_stream": dest, "message_uuid": record.UUID}
+	values, err := DefaultMarshaler{}.Marshal("", record)
+	if err == nil {
+		err = l.client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err()
 	}
-	sort.Strings(keys)
-	values := make([]any, 0, 2*len(keys)+12)
-	for _, k := range keys {
-		values = append(values, k, e.fields[k])
-	}
-	values = append(values,
-		FieldInvalidError, decodeErr.Error(),
-		MetadataStream, l.key,
-		MetadataEntryID, e.id,
-		MetadataGroup, l.group,
-		MetadataConsumer, l.consumer,
-		MetadataDeliveryCount, e.count,
-	)
-	fields := watermill.LogFields{"entry_id": e.id, "invalid_entry_stream": dest}
-	if err := l.client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err(); err != nil {
+	if err != nil {
 		l.sub.stats.faults.Add(1)
-		l.logger.Error("Entry cannot be decoded, and copying it to the invalid-entry stream failed; it stays pending",
+		l.logger.Error("Entry cannot be decoded, and copying it to the dead-letter stream failed; it stays pending",
 			errors.Join(decodeErr, err), fields)
 		return
 	}
 	l.addAck(e.id)
 	l.sub.stats.invalidEntries.Add(1)
-	l.logger.Error("Entry cannot be decoded; copied to the invalid-entry stream and acknowledged", decodeErr, fields)
+	l.logger.Error("Entry cannot be decoded; copied to the dead-letter stream and acknowledged", decodeErr, fields)
 }
 
 func (l *groupLoop) addAck(id string) {
@@ -481,10 +547,14 @@ func (l *groupLoop) flushDue() <-chan time.Time {
 // flushWhileBusy sends due Acks while a message is being handled. A failure
 // keeps them for the next try, after a backoff.
 func (l *groupLoop) flushWhileBusy(ctx context.Context) {
-	err := l.flushAcks(ctx)
-	if err == nil {
-		return
+	if err := l.flushAcks(ctx); err != nil {
+		l.ackFailed(err)
 	}
+}
+
+// ackFailed keeps the Acks that could not be sent, to send them again after
+// a backoff.
+func (l *groupLoop) ackFailed(err error) {
 	l.sub.stats.faults.Add(1)
 	l.ackFaults++
 	if l.ackFaults == 1 {
@@ -497,7 +567,12 @@ func (l *groupLoop) flushAcks(ctx context.Context) error {
 	if len(l.acks) == 0 {
 		return nil
 	}
-	n, err := l.client.XAck(ctx, l.key, l.group, l.acks...).Result()
+	return l.acked(l.client.XAck(ctx, l.key, l.group, l.acks...))
+}
+
+// acked settles the sending of the Acks waiting to be sent.
+func (l *groupLoop) acked(cmd *redis.IntCmd) error {
+	n, err := cmd.Result()
 	if err != nil {
 		return fmt.Errorf("acknowledging %d entries: %w", len(l.acks), err)
 	}

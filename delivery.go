@@ -23,8 +23,10 @@ const (
 
 // chores are what a loop keeps doing while it waits for a handler: sending
 // Acks that are due and renewing its hold on the entries it holds. Each due
-// method returns nil when nothing is due.
+// method returns nil when nothing is due. handedOver is called once the
+// handler has taken a message.
 type chores interface {
+	handedOver()
 	flushDue() <-chan time.Time
 	flushWhileBusy(ctx context.Context)
 	leaseDue() <-chan time.Time
@@ -49,6 +51,9 @@ func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Mess
 		select {
 		case out <- msg:
 			sent.Add(1)
+			if c != nil {
+				c.handedOver()
+			}
 			return await(ctx, msg, c)
 		case <-flush:
 			c.flushWhileBusy(ctx)

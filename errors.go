@@ -27,6 +27,12 @@ var (
 	// ErrInvalidEntry is wrapped by errors about a stream entry that cannot
 	// be decoded into a message.
 	ErrInvalidEntry = errors.New("valkeystream: invalid entry")
+
+	// ErrDeliveryLimit is wrapped, together with the handler's error, by the
+	// error that the [DeliveryLimit] middleware returns when a handler fails
+	// on a delivery at or past the limit. Match it in the filter of
+	// Watermill's middleware.PoisonQueueWithFilter.
+	ErrDeliveryLimit = errors.New("valkeystream: delivery limit reached")
 )
 
 // GroupCreateError is returned by Subscribe and SubscribeInitialize when the

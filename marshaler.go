@@ -15,15 +15,12 @@ const (
 	FieldUUID = "uuid"
 	// FieldPayload holds the message payload.
 	FieldPayload = "payload"
-	// FieldInvalidError is the field of an entry in an invalid-entry stream
-	// that holds why the original entry could not be decoded. Such an entry
-	// also carries the original fields and, under the Metadata* keys, where
-	// it came from.
-	FieldInvalidError = "valkeystream_error"
 )
 
 // Metadata keys that a [Subscriber] sets on every delivered message. A value
-// published under one of these keys is replaced on delivery.
+// published under one of these keys is replaced on delivery, so a dead letter
+// keeps where it came from under the MetadataOriginal* keys instead (see
+// [DeadLetter]).
 const (
 	// MetadataDeliveryCount is how many times the entry has been delivered,
 	// in decimal. With a consumer group it is the server's count from the

@@ -165,13 +165,16 @@ func TestOutageBacksOffAndResumes(t *testing.T) {
 			require.Equal(t, before.UUID, receiveAll(t, msgs, 1)[0])
 
 			require.NoError(t, srv.Kill())
+			// How soon a call fails depends on the client's own retries
+			// (go-redis redials a refused connection several times first).
+			require.Eventually(t, func() bool { return sub.Stats().Faults >= 1 }, receiveTimeout, 10*time.Millisecond,
+				"the outage must be noticed")
+			first := sub.Stats().Faults
 			time.Sleep(2 * time.Second)
-			faults := sub.Stats().Faults
+			faults := sub.Stats().Faults - first
 			require.NoError(t, srv.StartAgain())
-			t.Logf("failed calls during a 2 s outage: %d", faults)
-
-			assert.GreaterOrEqual(t, faults, int64(1), "the outage must be noticed")
-			assert.LessOrEqual(t, faults, int64(40), "failed calls in a 2 s outage: the loop must back off")
+			t.Logf("failed calls in 2 s of outage after the first: %d", faults)
+			assert.LessOrEqual(t, faults, int64(40), "the loop must back off")
 			after := message.NewMessage(watermill.NewUUID(), []byte("after"))
 			require.Eventually(t, func() bool { return pub.Publish(topic, after) == nil }, receiveTimeout, 50*time.Millisecond)
 			assert.Equal(t, after.UUID, receiveAll(t, msgs, 1)[0])

@@ -230,7 +230,7 @@ type Stats struct {
 	// never delivered.
 	MissingBodies int64
 	// InvalidEntries counts entries that could not be decoded. With a group
-	// they are copied to the invalid-entry stream and acknowledged; in
+	// they are dead-lettered (see DeadLetterSuffix) and acknowledged; in
 	// fan-out they are logged and skipped.
 	InvalidEntries int64
 	// Faults counts failed calls to the server: reads, claims, Acks and

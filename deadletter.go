@@ -1,0 +1,315 @@
+package valkeystream
+
+import (
+	"context"
+	"crypto/sha1"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Metadata keys of a dead letter: why it failed and where it came from. Both
+// kinds of dead letter carry all of them: a message that [DeadLetter] or
+// [DeliveryLimit] gave up on, and an entry that a [Subscriber] could not
+// decode. They differ from the Metadata* keys a Subscriber sets on delivery,
+// which are replaced when the dead letter is itself consumed.
+const (
+	// MetadataError is why the message was given up: the error of the
+	// handler's last failed delivery, or the decode error of an undecodable
+	// entry.
+	MetadataError = "valkeystream_error"
+	// MetadataOriginalTopic is the topic the message was consumed from,
+	// without KeyPrefix. Empty when the message did not come through a
+	// Watermill router, which is where [DeadLetter] learns the topic.
+	MetadataOriginalTopic = "valkeystream_original_topic"
+	// MetadataOriginalStream is the stream key the message was read from.
+	MetadataOriginalStream = "valkeystream_original_stream"
+	// MetadataOriginalEntryID is the id of the entry in the original stream.
+	MetadataOriginalEntryID = "valkeystream_original_entry_id"
+	// MetadataOriginalGroup is the consumer group that gave up on it.
+	MetadataOriginalGroup = "valkeystream_original_group"
+	// MetadataOriginalConsumer is the consumer whose delivery failed last.
+	MetadataOriginalConsumer = "valkeystream_original_consumer"
+	// MetadataOriginalDeliveryCount is the server's delivery count of that
+	// last delivery, in decimal.
+	MetadataOriginalDeliveryCount = "valkeystream_original_delivery_count"
+)
+
+// DeadLetterConfig configures the [DeadLetter] middleware. DeadLetter takes a
+// copy, so later changes by the caller have no effect.
+type DeadLetterConfig struct {
+	// Publisher publishes dead letters. Required. It may be a valkeystream
+	// [Publisher] or any other Watermill publisher.
+	Publisher message.Publisher
+
+	// MaxDeliveries is the delivery on which a failure is final: when the
+	// handler fails on a delivery whose count (see [DeliveryCount]) is at
+	// least MaxDeliveries, the message is dead-lettered instead of Nacked.
+	// 1 dead-letters on the first failure. Required, at least 1.
+	MaxDeliveries int
+
+	// Topic is where dead letters are published. Default: the topic the
+	// message was consumed from (as the Watermill router reports it) plus
+	// DefaultDeadLetterSuffix, where a Subscriber with the default
+	// DeadLetterSuffix also puts undecodable entries. Set it when the
+	// handler does not run in a router.
+	Topic string
+
+	// Logger logs each dead letter at Error level. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *DeadLetterConfig) setDefaults() {
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first problem with the configuration, as an error
+// that wraps [ErrInvalidConfig] and names the field. Validate does not change
+// c.
+func (c DeadLetterConfig) Validate() error {
+	c.setDefaults()
+	switch {
+	case c.Publisher == nil:
+		return fmt.Errorf("%w: DeadLetterConfig.Publisher is required: pass the publisher of the dead-letter topic", ErrInvalidConfig)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("%w: DeadLetterConfig.MaxDeliveries is %d: it must be at least 1 (the delivery on which a failure is final)",
+			ErrInvalidConfig, c.MaxDeliveries)
+	}
+	return nil
+}
+
+// DeadLetter returns a handler middleware that stops a message that keeps
+// failing. It runs the handler; when the handler fails on a delivery whose
+// server delivery count is at least MaxDeliveries, it publishes a copy of the
+// message to the dead-letter topic and reports success, so that the router
+// Acks the original. The copy has the same UUID, payload and metadata, except
+// that the per-delivery keys (MetadataDeliveryCount, MetadataEntryID,
+// MetadataStream, MetadataGroup, MetadataConsumer) move to the
+// MetadataOriginal* keys; MetadataError holds the handler's error.
+//
+// If publishing the dead letter fails, the middleware returns the handler's
+// error joined with the publish error: the message is Nacked, comes back, and
+// is dead-lettered on its next failing delivery. Nothing is lost, but a dead
+// letter can be published twice (when the Ack after a publish is lost), so
+// deduplicate dead letters by UUID.
+//
+// Failures below the limit pass through unchanged. A message without
+// delivery count metadata (count 0, not read by a Subscriber) is never
+// dead-lettered. Neither is one whose handler failed after the delivery's
+// context was cancelled (the subscription is closing): it stays pending.
+//
+// Add it before (outside) middleware.Retry, so that every delivery gets its
+// in-process retries and the limit sees the delivery's final error, and
+// before middleware.Recoverer, so that a handler that panics is dead-lettered
+// too:
+//
+//	router.AddMiddleware(deadLetter, retry.Middleware, middleware.Recoverer)
+//
+// See docs/dead-letters.md.
+func DeadLetter(config DeadLetterConfig) (message.HandlerMiddleware, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	d := deadLetter{config: config}
+	return d.middleware, nil
+}
+
+type deadLetter struct {
+	config DeadLetterConfig
+}
+
+func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		// The delivery's own context, before the handler or an inner
+		// middleware replaces it.
+		ctx := msg.Context()
+		produced, err := h(msg)
+		if err == nil || !isFinalFailure(ctx, msg, d.config.MaxDeliveries) {
+			return produced, err
+		}
+		if perr := d.publish(ctx, msg, err); perr != nil {
+			return produced, errors.Join(err, perr)
+		}
+		return nil, nil
+	}
+}
+
+// publish publishes the dead letter of msg, which failed with cause.
+func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause error) error {
+	o := deliveryOrigin(ctx, msg)
+	topic := d.config.Topic
+	if topic == "" {
+		if o.topic == "" {
+			return fmt.Errorf("valkeystream: dead letter of message %s: its topic is unknown (it did not come through a Watermill router); set DeadLetterConfig.Topic",
+				msg.UUID)
+		}
+		topic = o.topic + DefaultDeadLetterSuffix
+	}
+
+	dead := message.NewMessage(msg.UUID, msg.Payload)
+	for k, v := range msg.Metadata {
+		dead.Metadata[k] = v
+	}
+	for _, k := range deliveryKeys {
+		delete(dead.Metadata, k)
+	}
+	o.stamp(dead.Metadata, cause.Error())
+	// The publish is not cut short by a deadline that made the handler
+	// fail (middleware.Timeout); a closing subscription never gets here.
+	dead.SetContext(context.WithoutCancel(ctx))
+
+	if err := d.config.Publisher.Publish(topic, dead); err != nil {
+		return fmt.Errorf("valkeystream: publishing message %s to dead-letter topic %q: %w", msg.UUID, topic, err)
+	}
+	d.config.Logger.Error("Message failed on its last allowed delivery; published to the dead-letter topic", cause, watermill.LogFields{
+		"message_uuid":      msg.UUID,
+		"topic":             o.topic,
+		"entry_id":          o.entryID,
+		"delivery_count":    o.deliveryCount,
+		"dead_letter_topic": topic,
+	})
+	return nil
+}
+
+// DeliveryLimit returns a handler middleware for Watermill's poison queue. When
+// the handler fails on a delivery whose server delivery count is at least
+// maxDeliveries, it sets MetadataError and the MetadataOriginal* keys on the
+// message and returns an error that wraps both [ErrDeliveryLimit] and the
+// handler's error, so that
+//
+//	middleware.PoisonQueueWithFilter(pub, "orders.poison", func(err error) bool {
+//		return errors.Is(err, valkeystream.ErrDeliveryLimit)
+//	})
+//
+// added before (outside) it publishes the message to the poison topic and
+// the router Acks it. Other failures pass through unchanged and are Nacked.
+// The message keeps its per-delivery metadata as well, since it is the
+// delivered message itself that the poison queue publishes.
+//
+// As with [DeadLetter], a message without delivery count metadata is never
+// marked, nor one whose handler failed after the delivery's context was
+// cancelled. maxDeliveries must be at least 1; otherwise the error wraps
+// [ErrInvalidConfig]. Add middleware.Retry and middleware.Recoverer after
+// (inside) it.
+func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
+	if maxDeliveries < 1 {
+		return nil, fmt.Errorf("%w: DeliveryLimit maxDeliveries is %d: it must be at least 1 (the delivery on which a failure is final)",
+			ErrInvalidConfig, maxDeliveries)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			produced, err := h(msg)
+			if err == nil || !isFinalFailure(ctx, msg, maxDeliveries) {
+				return produced, err
+			}
+			o := deliveryOrigin(ctx, msg)
+			o.stamp(msg.Metadata, err.Error())
+			return produced, fmt.Errorf("%w (delivery %s of message %s, limit %d): %w",
+				ErrDeliveryLimit, o.deliveryCount, msg.UUID, maxDeliveries, err)
+		}
+	}, nil
+}
+
+// isFinalFailure reports whether a failed delivery of msg, whose context was
+// ctx when the handler was called, is the one to give up on: its count
+// reached maxDeliveries and the failure is not that of a closing
+// subscription.
+func isFinalFailure(ctx context.Context, msg *message.Message, maxDeliveries int) bool {
+	n := DeliveryCount(msg)
+	return n > 0 && n >= maxDeliveries && !errors.Is(ctx.Err(), context.Canceled)
+}
+
+// deliveryKeys are the metadata keys a Subscriber sets on each delivery.
+var deliveryKeys = [...]string{MetadataDeliveryCount, MetadataEntryID, MetadataStream, MetadataGroup, MetadataConsumer}
+
+// origin is where a dead letter came from: what goes under the
+// MetadataOriginal* keys.
+type origin struct {
+	topic, stream, entryID, group, consumer, deliveryCount string
+}
+
+// deliveryOrigin reads the origin of a delivered message from the metadata the
+// Subscriber set and, for the topic, from the router's context ctx.
+func deliveryOrigin(ctx context.Context, msg *message.Message) origin {
+	return origin{
+		topic:         message.SubscribeTopicFromCtx(ctx),
+		stream:        msg.Metadata.Get(MetadataStream),
+		entryID:       msg.Metadata.Get(MetadataEntryID),
+		group:         msg.Metadata.Get(MetadataGroup),
+		consumer:      msg.Metadata.Get(MetadataConsumer),
+		deliveryCount: msg.Metadata.Get(MetadataDeliveryCount),
+	}
+}
+
+// stamp writes o and cause under the dead-letter keys of md, replacing what
+// those keys held.
+func (o origin) stamp(md message.Metadata, cause string) {
+	md[MetadataError] = cause
+	md[MetadataOriginalTopic] = o.topic
+	md[MetadataOriginalStream] = o.stream
+	md[MetadataOriginalEntryID] = o.entryID
+	md[MetadataOriginalGroup] = o.group
+	md[MetadataOriginalConsumer] = o.consumer
+	md[MetadataOriginalDeliveryCount] = o.deliveryCount
+}
+
+// invalidEntryRecord returns the dead letter of an entry that could not be
+// decoded, as a message that [DefaultMarshaler] writes and reads back
+// unchanged. Its UUID is the entry's uuid field when that is not empty, else
+// one derived from the stream key and the entry id (so that copying the same
+// entry twice gives the same UUID); its payload is the payload field, or
+// empty. Every other field becomes metadata under its own name, its value as
+// text; then the origin and the decode error are stamped over it.
+func invalidEntryRecord(fields map[string]any, o origin, decodeErr error) *message.Message {
+	uuid := fieldText(fields[FieldUUID])
+	if uuid == "" {
+		uuid = entryUUID(o.stream, o.entryID)
+	}
+	record := message.NewMessage(uuid, message.Payload(fieldText(fields[FieldPayload])))
+	for k, v := range fields {
+		if k != FieldUUID && k != FieldPayload {
+			record.Metadata[k] = fieldText(v)
+		}
+	}
+	o.stamp(record.Metadata, decodeErr.Error())
+	return record
+}
+
+// fieldText returns a raw field value as text. The server always answers
+// strings; other types can only come from a custom source and are formatted.
+func fieldText(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// entryUUIDSpace is the namespace of the name-based UUIDs of entries.
+var entryUUIDSpace = [16]byte{0x19, 0x9b, 0x87, 0x10, 0x99, 0x5a, 0x49, 0x8c, 0xbf, 0xcb, 0xb1, 0x61, 0x2f, 0xe1, 0xdf, 0xe3}
+
+// entryUUID returns a name-based (version 5, RFC 9562) UUID of the entry id of
+// stream key: the same entry always gets the same UUID.
+func entryUUID(key, id string) string {
+	h := sha1.New()
+	h.Write(entryUUIDSpace[:])
+	// The length prefix keeps the name unambiguous whatever the key holds.
+	h.Write([]byte(strconv.Itoa(len(key)) + ":" + key + id))
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = u[6]&0x0f | 0x50 // version 5
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// bench is one run of the benchmark.
+type bench struct {
+	cfg      config
+	srv      *server
+	admin    *redis.Client // for checks and cleanup; no side uses it
+	res      *results
+	memory   []memorySample
+	topics   int
+	progress io.Writer
+}
+
+// runAll runs the memory scenario, then every picked scenario for every
+// side, payload size and repetition. The memory scenario goes first, while
+// the heap holds nothing of other runs (the runtime keeps the descriptors of
+// every goroutine that ever ran, and gochannel starts one per message).
+func (b *bench) runAll(ctx context.Context, picked []scenario) error {
+	for _, n := range b.cfg.memoryNs {
+		m, err := b.runMemory(ctx, n)
+		if err != nil {
+			return fmt.Errorf("memory, %d entries: %w", n, err)
+		}
+		b.memory = append(b.memory, m)
+		fmt.Fprintf(b.progress, "memory %d entries: live heap +%s (peak heap +%s), %s msg/s\n",
+			n, formatBytes(m.liveGrowth()), formatBytes(m.heapGrowth()), formatRate(m.rate()))
+	}
+	for rep := range b.cfg.reps {
+		for _, size := range b.cfg.sizes {
+			for _, scn := range picked {
+				n := b.cfg.consumeN
+				if scn.publish {
+					n = b.cfg.publishN
+				}
+				c, err := newCorpus(uint64(rep)<<32|uint64(size), n, size)
+				if err != nil {
+					return err
+				}
+				for _, name := range rotate(scn.sides, rep) {
+					sd := sides[name]
+					var s sample
+					if scn.publish {
+						s, err = b.runPublish(ctx, scn, sd, c)
+					} else {
+						s, err = b.runConsume(ctx, scn, sd, c)
+					}
+					if err != nil {
+						return fmt.Errorf("%s, %s, %d bytes, repetition %d: %w", scn.id, name, size, rep+1, err)
+					}
+					b.res.add(key{scn.id, name, size}, s)
+					fmt.Fprintf(b.progress, "rep %d/%d %4d B  %-18s %-22s %9s msg/s  (%d in %s)%s\n",
+						rep+1, b.cfg.reps, size, scn.id, name, formatRate(s.rate()), s.n,
+						s.elapsed.Round(time.Millisecond), sampleNotes(s))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sampleNotes names what a run had beyond plain success, for the progress
+// line.
+func sampleNotes(s sample) string {
+	var notes []string
+	if s.nacks > 0 {
+		notes = append(notes, fmt.Sprintf("%d nacks, tail %s, redelivery wait %s mean, %s longest",
+			s.nacks, formatDuration(s.tail), formatDuration(s.redeliveryMean), formatDuration(s.redeliveryMax)))
+	}
+	if s.duplicates > 0 {
+		notes = append(notes, fmt.Sprintf("%d DUPLICATES", s.duplicates))
+	}
+	if s.pending > 0 {
+		notes = append(notes, fmt.Sprintf("%d LEFT PENDING", s.pending))
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	return " " + strings.Join(notes, ", ")
+}
+
+// topic returns a new topic name for one run.
+func (b *bench) topic(scn scenario, sd side, c corpus) string {
+	b.topics++
+	return fmt.Sprintf("bench-%s-%s-%d-%d", scn.id, sd.name, c.size, b.topics)
+}
+
+// cleanup deletes a run's keys and, where allowed, empties the server.
+func (b *bench) cleanup(ctx context.Context, topic string) {
+	if ctx.Err() != nil {
+		return
+	}
+	err := b.admin.Del(ctx, topic, topic+".invalid").Err()
+	if err == nil {
+		err = b.srv.reset(ctx, b.admin)
+	}
+	if err != nil {
+		fmt.Fprintf(b.progress, "warning: cleaning up after %s: %v\n", topic, err)
+	}
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"encoding/xml"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFormat(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{formatRate(0), "0"},
+		{formatRate(999.5), "1,000"},
+		{formatRate(1234567.4), "1,234,567"},
+		{groupThousands(-1234), "-1,234"},
+		{formatRatio(2.3149), "2.31×"},
+		{formatRatio(0), "–"},
+		{formatPercent(0.456), "46%"},
+		{formatBytes(512), "512 B"},
+		{formatBytes(1536), "1.5 KiB"},
+		{formatBytes(-3 << 20), "-3.0 MiB"},
+		{formatDuration(1234 * time.Nanosecond), "1µs"},
+		{formatDuration(1234567 * time.Nanosecond), "1.2ms"},
+		{formatDuration(1234567890 * time.Nanosecond), "1.235s"},
+		{plural(1, "run"), "1 run"},
+		{plural(3, "run"), "3 runs"},
+		{strings.Join(quoteArgs([]string{"-out", "a b", ""}), " "), "-out 'a b' ''"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
+
+// testReport is a report of made-up samples: valkeystream at twice the
+// incumbent's rate everywhere.
+func testReport(t *testing.T) report {
+	t.Helper()
+	res := newResults()
+	for _, scn := range scenarios {
+		for _, size := range []int{16, 64} {
+			for i, name := range scn.sides {
+				for rep := range 3 {
+					// 10000 messages in 100, 200 or 400 ms (times 1, 2 or 4 by side).
+					elapsed := time.Duration(100*(1<<i)*(1+rep%2)) * time.Millisecond
+					res.add(key{scn.id, name, size}, sample{n: 10000, elapsed: elapsed, nacks: 100, deliveries: 10100})
+				}
+			}
+		}
+	}
+	return report{
+		cfg: config{reps: 3, sizes: []int{16, 64}, publishN: 20000, consumeN: 10000,
+			args: []string{"-out", "../docs/benchmarks.md"}},
+		machine:   machine{cpu: "Test CPU", cores: 2, gomaxprocs: 2, os: "TestOS", goVersion: "go1.26.8"},
+		server:    "Redis 7.0.15 (private, non-persistent, on loopback)",
+		scenarios: scenarios,
+		res:       res,
+		memory: []memorySample{
+			{n: 200000, elapsed: 2 * time.Second, baseLive: 2 << 20, peakLive: 3 << 20, allocs: 200000 * 1500},
+			{n: 1000000, elapsed: 10 * time.Second, baseLive: 9 << 20, peakLive: 10 << 20, allocs: 1000000 * 1500},
+		},
+		wall: 3 * time.Minute,
+		date: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC),
+	}
+}
+
+func TestMarkdown(t *testing.T) {
+	md := testReport(t).markdown("benchmarks.svg")
+	for _, want := range []string{
+		"## How to run",
+		"go run -C bench . -out ../docs/benchmarks.md",
+		"Run on 2026-01-02 03:04 UTC with `go run -C bench . -out ../docs/benchmarks.md`; wall time 3m0s.",
+		"| CPU | Test CPU |",
+		"| server | Redis 7.0.15 (private, non-persistent, on loopback) |",
+		"![Messages per second by scenario, 64-byte payloads](benchmarks.svg)",
+		// median of 100, 200, 100 ms: 100,000 msg/s; the incumbent's 50,000.
+		"| publish, 64 goroutines, 1 msg/call | 16 B | 100,000 | 50,000 | **2.00×** | go-redis 25,000 | 400% | 200% |",
+		"| consume, router handler | 64 B | 100,000 | 50,000 | **2.00×** | gochannel 25,000 | 400% | 200% |",
+		"| 64 B | valkeystream | 100,000 | 100% | 100 | 1.010 |",
+		"| 1,000,000 | 100,000 | 9.0 MiB | 1.0 MiB |",
+		"Result: no duplicates, and nothing left pending, in any run.",
+		"<details>",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "| consume, channel, 1% Nacked once |") {
+		t.Error("the nack scenario appears in the throughput table; it has its own")
+	}
+}
+
+func TestMarkdownListsDuplicatesAndPending(t *testing.T) {
+	r := testReport(t)
+	k := key{"consume-channel", sideIncumbent, 64}
+	r.res.samples[k][1].duplicates = 2
+	r.res.samples[k][2].pending = 1
+	md := r.markdown("")
+	if !strings.Contains(md, "| consume-channel | watermill-redisstream | 64 B | 2 | 1 |") {
+		t.Error("the report does not list the duplicates and pending entries")
+	}
+	if strings.Contains(md, "no duplicates") || strings.Contains(md, "![") {
+		t.Error("the report claims no duplicates, or embeds a chart it was not given")
+	}
+}
+
+func TestChartIsWellFormedSVG(t *testing.T) {
+	svg := testReport(t).chartSVG()
+	d := xml.NewDecoder(strings.NewReader(svg))
+	rects := 0
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the chart is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
+			rects++
+		}
+	}
+	// One background, four legend keys, and a bar per side of each scenario.
+	bars := 0
+	for _, scn := range scenarios {
+		bars += len(scn.sides)
+	}
+	if want := 1 + 4 + bars; rects != want {
+		t.Errorf("the chart has %d rects, want %d", rects, want)
+	}
+	if !strings.Contains(svg, "64-byte payloads, median of 3 runs") {
+		t.Error("the chart's title does not name the payload size and the runs")
+	}
+}
+
+func TestAxisTicks(t *testing.T) {
+	for _, tc := range []struct{ largest, step, top float64 }{
+		{316000, 50000, 350000},
+		{99000, 20000, 100000},
+		{7, 1, 7},
+		{1.2e6, 200000, 1.2e6},
+	} {
+		step, top := axisTicks([]barGroup{{bars: []bar{{sideRaw, tc.largest}}}})
+		if step != tc.step || top != tc.top {
+			t.Errorf("axisTicks(%v) = %v, %v; want %v, %v", tc.largest, step, top, tc.step, tc.top)
+		}
+	}
+}
+
+func TestParseServerInfo(t *testing.T) {
+	redis := "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n"
+	valkey := "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\n"
+	if n, v := parseServerInfo(redis); n != "Redis" || v != "7.0.15" {
+		t.Errorf("Redis: %s %s", n, v)
+	}
+	if n, v := parseServerInfo(valkey); n != "Valkey" || v != "8.0.1" {
+		t.Errorf("Valkey: %s %s", n, v)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"-out", "../docs/benchmarks.md", "-sizes", "16, 64", "-memory-entries", ""}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.chart != "../docs/benchmarks.svg" || len(cfg.sizes) != 2 || cfg.memoryNs != nil || cfg.reps != 3 {
+		t.Errorf("parsed %+v", cfg)
+	}
+	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) accepted it", bad)
+		}
+	}
+	if _, _, err := selectScenarios("consume-nack,nope"); err == nil {
+		t.Error("an unknown scenario was accepted")
+	}
+	picked, memory, err := selectScenarios("memory,publish-batch")
+	if err != nil || len(picked) != 1 || picked[0].id != "publish-batch" || !memory {
+		t.Errorf("selectScenarios = %v, %v, %v", picked, memory, err)
+	}
+}

@@ -2,7 +2,10 @@ package valkeystream
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -11,14 +14,56 @@ import (
 // with more messages still goes in one round trip of its own.
 const maxCombined = 1000
 
-// combiner shares round trips among concurrent Publish calls. There is no
-// writer goroutine: the call that finds no round trip in progress leads one,
-// sending its own messages together with those of every call that queued
-// meanwhile; then it hands the lead to the first call that queued after it
-// took the batch, or ends it. A lone caller therefore pays no hand-off, and
-// many callers pay one round trip per batch instead of one each.
+// errSendAborted is the outcome of calls carried in a round trip whose
+// sending panicked (in a client hook, say) in the goroutine of another call.
+var errSendAborted = errors.New("valkeystream: publish: the shared round trip was aborted by a panic in another Publish call; the messages may not have been written")
+
+// combiners keeps one combiner per stream key while calls for that key are
+// in progress, so that a slow key (or a cluster shard failing over) holds up
+// only the calls for that key.
+type combiners struct {
+	client redis.UniversalClient
+
+	mu    sync.Mutex
+	byKey map[string]*combiner
+}
+
+// write sends r's messages, all for stream key, in one round trip shared with
+// other calls for the same key, and fills r.errs. It returns after the server
+// answered for them, or as soon as r.ctx ends while they wait to be sent.
+func (cs *combiners) write(key string, r *writeRequest) {
+	cs.mu.Lock()
+	c := cs.byKey[key]
+	if c == nil {
+		if cs.byKey == nil {
+			cs.byKey = make(map[string]*combiner)
+		}
+		c = &combiner{client: cs.client}
+		cs.byKey[key] = c
+	}
+	c.users++
+	cs.mu.Unlock()
+	defer func() {
+		cs.mu.Lock()
+		c.users--
+		if c.users == 0 {
+			delete(cs.byKey, key)
+		}
+		cs.mu.Unlock()
+	}()
+	c.write(r)
+}
+
+// combiner shares round trips among concurrent calls for one stream key.
+// There is no writer goroutine: the call that finds no round trip in
+// progress leads one, sending its own messages together with those of every
+// call that queued meanwhile; then it hands the lead to the first call that
+// queued after it took the batch, or ends it. A lone caller therefore pays
+// no hand-off, and many callers pay one round trip per batch instead of one
+// each.
 type combiner struct {
 	client redis.UniversalClient
+	users  int // calls in write; guarded by combiners.mu
 
 	mu      sync.Mutex
 	waiting []*writeRequest // queued calls, oldest first
@@ -32,32 +77,59 @@ type writeRequest struct {
 	errs []error // per message; nil when the server accepted it
 
 	// done receives false when the messages were sent (errs is final), or
-	// true when this call must lead the next round trip.
+	// true when this call must lead the next round trip. It is sent to
+	// under combiner.mu, once.
 	done chan bool
 }
 
-// write sends r's messages, in one round trip shared with other calls, and
-// fills r.errs. It returns after the server answered for them, or after r.ctx
-// ended before they were sent.
 func (c *combiner) write(r *writeRequest) {
 	r.errs = make([]error, len(r.args))
 	c.mu.Lock()
 	c.waiting = append(c.waiting, r)
-	if c.leading {
-		r.done = make(chan bool, 1)
-		c.mu.Unlock()
-		if lead := <-r.done; !lead {
-			return
-		}
-	} else {
+	if !c.leading {
 		c.leading = true
 		c.mu.Unlock()
+		c.lead()
+		return
 	}
-	c.lead()
+	r.done = make(chan bool, 1)
+	c.mu.Unlock()
+	var lead bool
+	select {
+	case lead = <-r.done:
+	case <-r.ctx.Done():
+		lead = c.giveUp(r)
+	}
+	if lead {
+		c.lead()
+	}
+}
+
+// giveUp handles a queued call whose context ended: if it is still queued it
+// leaves the queue with the context's error and nothing sent; if it was
+// already taken into a round trip it waits for the answer. It reports
+// whether the call must lead the next round trip after all.
+func (c *combiner) giveUp(r *writeRequest) (lead bool) {
+	c.mu.Lock()
+	select {
+	case lead = <-r.done:
+		c.mu.Unlock()
+		return lead
+	default:
+	}
+	if i := slices.Index(c.waiting, r); i >= 0 {
+		c.waiting = slices.Delete(c.waiting, i, i+1)
+		c.mu.Unlock()
+		fillErr(r.errs, r.ctx.Err())
+		return false
+	}
+	c.mu.Unlock()
+	return <-r.done
 }
 
 // lead sends one batch, which begins with the leading call's own request,
-// then passes the lead on and releases the other calls of the batch.
+// then passes the lead on and releases the other calls of the batch, even if
+// sending panicked (a client hook may panic).
 func (c *combiner) lead() {
 	c.mu.Lock()
 	n, messages := 0, 0
@@ -65,33 +137,40 @@ func (c *combiner) lead() {
 		messages += len(c.waiting[n].args)
 		n++
 	}
-	batch := make([]*writeRequest, n)
-	copy(batch, c.waiting)
+	batch := slices.Clone(c.waiting[:n])
 	c.waiting = c.waiting[n:]
 	c.mu.Unlock()
 
+	sent := false
+	defer func() {
+		if !sent {
+			for _, r := range batch {
+				fillErr(r.errs, errSendAborted)
+			}
+		}
+		c.mu.Lock()
+		if len(c.waiting) == 0 {
+			c.leading = false
+			c.waiting = nil // let the backing array go
+		} else {
+			c.waiting[0].done <- true
+		}
+		for _, r := range batch[1:] {
+			r.done <- false
+		}
+		c.mu.Unlock()
+	}()
 	c.send(batch)
-
-	c.mu.Lock()
-	if len(c.waiting) == 0 {
-		c.leading = false
-		c.waiting = nil // let the backing array go
-	} else {
-		c.waiting[0].done <- true
-	}
-	c.mu.Unlock()
-	for _, r := range batch[1:] {
-		r.done <- false
-	}
+	sent = true
 }
 
 // send writes the batch in one round trip. A batch of one call is bounded by
-// that call's context; a shared one only by the client's timeouts, after the
-// calls whose context already ended were left out.
+// that call's context. A shared one leaves out the calls whose context
+// already ended, keeps the values of the leader's context (for tracing
+// hooks), and ends at the latest deadline among the calls, if each has one.
 func (c *combiner) send(batch []*writeRequest) {
 	ctx := batch[0].ctx
 	if len(batch) > 1 {
-		ctx = context.Background()
 		live := batch[:0:0]
 		for _, r := range batch {
 			if err := r.ctx.Err(); err != nil {
@@ -100,7 +179,13 @@ func (c *combiner) send(batch []*writeRequest) {
 			}
 			live = append(live, r)
 		}
+		if len(live) == 0 {
+			return
+		}
 		batch = live
+		var cancel context.CancelFunc
+		ctx, cancel = sharedContext(batch)
+		defer cancel()
 	}
 	if len(batch) == 1 && len(batch[0].args) == 1 {
 		batch[0].errs[0] = c.client.XAdd(ctx, &batch[0].args[0]).Err()
@@ -113,9 +198,6 @@ func (c *combiner) send(batch []*writeRequest) {
 			cmds = append(cmds, pipe.XAdd(ctx, &r.args[i]))
 		}
 	}
-	if len(cmds) == 0 {
-		return
-	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for _, r := range batch {
 		for i := range r.errs {
@@ -123,6 +205,24 @@ func (c *combiner) send(batch []*writeRequest) {
 			cmds = cmds[1:]
 		}
 	}
+}
+
+// sharedContext is the context of a round trip shared by batch: the values of
+// the first call's context, and the latest of the calls' deadlines when every
+// call has one.
+func sharedContext(batch []*writeRequest) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(batch[0].ctx)
+	var latest time.Time
+	for _, r := range batch {
+		d, ok := r.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(ctx, latest)
 }
 
 func fillErr(errs []error, err error) {

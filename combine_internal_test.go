@@ -21,7 +21,7 @@ import (
 type gate struct {
 	open       chan struct{}
 	held       chan struct{} // closed when the first round trip is held
-	once       sync.Once
+	holding    atomic.Bool
 	roundTrips atomic.Int64
 }
 
@@ -29,10 +29,10 @@ func (g *gate) wait(cmds []redis.Cmder) {
 	for _, c := range cmds {
 		if c.Name() == "xadd" {
 			g.roundTrips.Add(1)
-			g.once.Do(func() {
+			if g.holding.CompareAndSwap(false, true) {
 				close(g.held)
 				<-g.open
-			})
+			}
 			return
 		}
 	}
@@ -54,69 +54,153 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 
 var _ redis.Hook = (*gate)(nil)
 
-// Calls that arrive while a round trip is in progress go together in the
-// next one, each with its own outcome: a call whose context ended meanwhile
-// writes nothing, and a call to a key of the wrong type fails alone.
-func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
+// gatedPublisher returns a Publisher whose first round trip carrying XADD
+// is held by the returned gate until it is opened.
+func gatedPublisher(t *testing.T) (*Publisher, *redis.Client, *gate) {
+	t.Helper()
 	srv := testserver.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 8})
 	t.Cleanup(func() { _ = client.Close() })
-	ctx := context.Background()
-	topic, wrong := "combine-"+watermill.NewShortUUID(), "combine-string-"+watermill.NewShortUUID()
-	require.NoError(t, client.Set(ctx, wrong, "not a stream", 0).Err())
 	g := &gate{open: make(chan struct{}), held: make(chan struct{})}
 	client.AddHook(g)
 	pub, err := NewPublisher(PublisherConfig{Client: client}, nil)
 	require.NoError(t, err)
+	return pub, client, g
+}
 
-	first := make(chan error, 1)
-	go func() { first <- pub.Publish(topic, message.NewMessage("first", []byte("x"))) }()
+// queued waits until n calls queue for key behind the round trip in
+// progress.
+func queued(t *testing.T, pub *Publisher, key string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		pub.combiners.mu.Lock()
+		c := pub.combiners.byKey[key]
+		pub.combiners.mu.Unlock()
+		if c == nil {
+			return false
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.waiting) == n
+	}, 10*time.Second, time.Millisecond, "%d calls queue behind the round trip in progress", n)
+}
+
+func publishAsync(pub *Publisher, topic string, msg *message.Message) chan error {
+	res := make(chan error, 1)
+	go func() { res <- pub.Publish(topic, msg) }()
+	return res
+}
+
+// Calls that arrive while a round trip is in progress go together in the
+// next one, each with its own outcome: a call whose context ended while it
+// was queued writes nothing.
+func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
+	pub, client, g := gatedPublisher(t)
+	ctx := context.Background()
+	topic := "combine-" + watermill.NewShortUUID()
+	first := publishAsync(pub, topic, message.NewMessage("first", []byte("x")))
 	<-g.held
 
-	const queued = 10
+	const calls = 10
 	cancelled, cancel := context.WithCancel(ctx)
-	results := make([]chan error, queued)
-	for i := range queued {
-		results[i] = make(chan error, 1)
+	results := make([]chan error, calls)
+	for i := range calls {
 		msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
-		to := topic
-		switch i {
-		case 3:
+		if i == 3 {
 			msg.SetContext(cancelled)
-		case 6:
-			to = wrong
 		}
-		go func() { results[i] <- pub.Publish(to, msg) }()
+		results[i] = publishAsync(pub, topic, msg)
 	}
-	require.Eventually(t, func() bool {
-		pub.combiner.mu.Lock()
-		defer pub.combiner.mu.Unlock()
-		return len(pub.combiner.waiting) == queued
-	}, 10*time.Second, time.Millisecond, "the calls queue behind the round trip in progress")
+	queued(t, pub, topic, calls)
 	cancel()
+	assert.ErrorIs(t, <-results[3], context.Canceled, "a queued call whose context ends returns at once, before the round trip in progress ends")
 	close(g.open)
 
 	require.NoError(t, <-first)
 	for i, res := range results {
-		err := <-res
-		switch i {
-		case 3:
-			assert.ErrorIs(t, err, context.Canceled, "call %d", i)
-		case 6:
-			var pubErr *PublishError
-			require.ErrorAs(t, err, &pubErr, "call %d", i)
-			assert.True(t, redis.HasErrorPrefix(pubErr.Err, "WRONGTYPE"), "got %v", pubErr.Err)
-		default:
-			assert.NoError(t, err, "call %d", i)
+		if i != 3 {
+			assert.NoError(t, <-res, "call %d", i)
 		}
 	}
 	assert.Equal(t, int64(2), g.roundTrips.Load(), "one round trip for the first call, one for all that queued")
 	entries, err := client.XRange(ctx, topic, "-", "+").Result()
 	require.NoError(t, err)
-	require.Len(t, entries, queued-1, "the first call and every queued call but the cancelled one and the misdirected one")
+	require.Len(t, entries, calls, "the first call and every queued call but the cancelled one")
 	assert.Equal(t, "first", entries[0].Values[FieldUUID])
-	assert.Empty(t, pub.combiner.waiting)
-	assert.False(t, pub.combiner.leading, "the lead ends with the last round trip")
+	assert.Empty(t, pub.combiners.byKey, "no combiner is kept once its calls are done")
+}
+
+// A round trip in progress for one stream holds up no call for another.
+func TestPublishToAnotherTopicIsNotHeldUp(t *testing.T) {
+	pub, client, g := gatedPublisher(t)
+	slow, other := "combine-slow-"+watermill.NewShortUUID(), "combine-other-"+watermill.NewShortUUID()
+	held := publishAsync(pub, slow, message.NewMessage(watermill.NewUUID(), []byte("x")))
+	<-g.held
+	require.NoError(t, pub.Publish(other, message.NewMessage(watermill.NewUUID(), []byte("x"))))
+	assert.Equal(t, int64(1), client.XLen(context.Background(), other).Val())
+	close(g.open)
+	require.NoError(t, <-held)
+}
+
+// panicHook panics in the first pipeline that carries XADD.
+type panicHook struct{ once sync.Once }
+
+func (h *panicHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() == "xadd" {
+			h.once.Do(func() { panic("hook failure") })
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A panic while a shared round trip is sent (in a client hook, say) reaches
+// the leading call; the calls it carried fail, and later calls still go.
+func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
+	pub, client, g := gatedPublisher(t)
+	client.AddHook(&panicHook{})
+	topic := "combine-" + watermill.NewShortUUID()
+	first := publishAsync(pub, topic, message.NewMessage(watermill.NewUUID(), []byte("x")))
+	<-g.held
+	const calls = 3
+	panicked := make(chan any, calls)
+	results := make([]chan error, calls)
+	for i := range calls {
+		results[i] = make(chan error, 1)
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					panicked <- r
+					results[i] <- nil
+				}
+			}()
+			results[i] <- pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte("x")))
+		}()
+	}
+	queued(t, pub, topic, calls)
+	close(g.open)
+	require.NoError(t, <-first)
+	aborted := 0
+	for _, res := range results {
+		if err := <-res; err != nil {
+			assert.ErrorIs(t, err, errSendAborted)
+			aborted++
+		}
+	}
+	require.Len(t, panicked, 1, "the leader of the shared round trip sees the panic")
+	assert.Equal(t, calls-1, aborted, "the calls it carried fail")
+	assert.NoError(t, pub.Publish(topic, newTestMessages(2)...), "the next calls go on")
+	assert.Empty(t, pub.combiners.byKey)
+}
+
+func newTestMessages(n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte("x"))
+	}
+	return msgs
 }
 
 // Many goroutines publishing at once lose nothing and leave no call waiting.
@@ -143,5 +227,5 @@ func TestManyConcurrentPublishers(t *testing.T) {
 	wg.Wait()
 	want := int64(goroutines * (calls / 3) * (1 + 2 + 3))
 	assert.Equal(t, want, client.XLen(context.Background(), topic).Val())
-	assert.False(t, pub.combiner.leading)
+	assert.Empty(t, pub.combiners.byKey)
 }

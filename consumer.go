@@ -29,7 +29,8 @@ type entry struct {
 // fault it drains its own pending entries from cursor 0; on every claim beat
 // it reclaims entries that consumers left idle; only then it reads new
 // entries. It fetches only when nothing it fetched is still undelivered and
-// every Ack has been sent, so it never claims an entry it is handling, and
+// every Ack has been sent (at the latest in the same round trip, ahead of a
+// read of new entries), so it never claims an entry it is handling, and
 // while it holds entries it renews its hold on them so that no peer reclaims
 // them from under it.
 type groupLoop struct {
@@ -213,10 +214,10 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 			err = nil
 		}
 		if ackErr := l.acked(ack); ackErr != nil {
-			if err != nil {
-				return ackErr
-			}
-			l.ackFailed(ackErr) // kept and sent again after a backoff
+			// A fault like a failed read: the entries this read brought, if
+			// any, are pending for this consumer and come back with the
+			// drain that follows.
+			return ackErr
 		}
 		if err != nil {
 			return fmt.Errorf("reading new entries: %w", err)

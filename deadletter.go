@@ -58,6 +58,16 @@ type DeadLetterConfig struct {
 	// handler does not run in a router.
 	Topic string
 
+	// CrashLimit, when positive, dead-letters a message that arrives with a
+	// delivery count above it without calling the handler. It stops a
+	// message whose handler never returns a failure because it ends the
+	// process (a crash, an out-of-memory kill, os.Exit): the server's count
+	// grows with each restart, but MaxDeliveries only judges failures that
+	// were returned. Counts also grow for entries that were merely queued
+	// in a batch when a consumer died, so set it well above MaxDeliveries.
+	// It must be 0 or greater than MaxDeliveries. Default: 0, off.
+	CrashLimit int
+
 	// Logger logs each dead letter at Error level. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -79,6 +89,9 @@ func (c DeadLetterConfig) Validate() error {
 	case c.MaxDeliveries < 1:
 		return fmt.Errorf("%w: DeadLetterConfig.MaxDeliveries is %d: it must be at least 1 (the delivery on which a failure is final)",
 			ErrInvalidConfig, c.MaxDeliveries)
+	case c.CrashLimit != 0 && c.CrashLimit <= c.MaxDeliveries:
+		return fmt.Errorf("%w: DeadLetterConfig.CrashLimit is %d: it must be 0 (off) or greater than MaxDeliveries (%d)",
+			ErrInvalidConfig, c.CrashLimit, c.MaxDeliveries)
 	}
 	return nil
 }
@@ -96,12 +109,16 @@ func (c DeadLetterConfig) Validate() error {
 // error joined with the publish error: the message is Nacked, comes back, and
 // is dead-lettered on its next failing delivery. Nothing is lost, but a dead
 // letter can be published twice (when the Ack after a publish is lost), so
-// deduplicate dead letters by UUID.
+// deduplicate dead letters by MetadataOriginalStream and
+// MetadataOriginalEntryID (not by UUID: a dead letter published again after a
+// fix keeps its UUID, and may fail again).
 //
 // Failures below the limit pass through unchanged. A message without
 // delivery count metadata (count 0, not read by a Subscriber) is never
 // dead-lettered. Neither is one whose handler failed after the delivery's
-// context was cancelled (the subscription is closing): it stays pending.
+// context ended (the subscription is closing, or its context's deadline
+// passed): it stays pending. A handler that ends the process never returns a
+// failure; see CrashLimit for those.
 //
 // Add it before (outside) middleware.Retry, so that every delivery gets its
 // in-process retries and the limit sees the delivery's final error, and
@@ -129,6 +146,14 @@ func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
 		// The delivery's own context, before the handler or an inner
 		// middleware replaces it.
 		ctx := msg.Context()
+		if n := DeliveryCount(msg); d.config.CrashLimit > 0 && n > d.config.CrashLimit && ctx.Err() == nil {
+			cause := fmt.Errorf("%w: delivered %d times, more than CrashLimit %d, without a failure returned by the handler: it may end the process",
+				ErrDeliveryLimit, n, d.config.CrashLimit)
+			if err := d.publish(ctx, msg, cause); err != nil {
+				return nil, errors.Join(cause, err)
+			}
+			return nil, nil
+		}
 		produced, err := h(msg)
 		if err == nil || !isFinalFailure(ctx, msg, d.config.MaxDeliveries) {
 			return produced, err
@@ -223,7 +248,7 @@ func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
 // subscription.
 func isFinalFailure(ctx context.Context, msg *message.Message, maxDeliveries int) bool {
 	n := DeliveryCount(msg)
-	return n > 0 && n >= maxDeliveries && !errors.Is(ctx.Err(), context.Canceled)
+	return n > 0 && n >= maxDeliveries && ctx.Err() == nil
 }
 
 // deliveryKeys are the metadata keys a Subscriber sets on each delivery.

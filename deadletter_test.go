@@ -469,6 +469,8 @@ var errHandler = errors.New("handler failed")
 
 func failing(*message.Message) ([]*message.Message, error) { return nil, errHandler }
 
+func mustNotRun(*message.Message) ([]*message.Message, error) { panic("the handler must not run") }
+
 func TestDeadLetterRules(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -477,7 +479,9 @@ func TestDeadLetterRules(t *testing.T) {
 		handler     message.HandlerFunc
 		publishErr  error
 		closing     bool // the subscription closes while the handler runs
+		expires     bool // the subscription's deadline passes while the handler runs
 		wantErr     []error
+		wantDeadErr string // MetadataError of the dead letter; default errHandler
 		wantErrText string
 		wantTopic   string
 	}{
@@ -498,6 +502,15 @@ func TestDeadLetterRules(t *testing.T) {
 			handler: failing, wantErr: []error{errHandler}, wantErrText: "set DeadLetterConfig.Topic"},
 		{name: "a closing subscription is not the message's fault", config: valkeystream.DeadLetterConfig{MaxDeliveries: 1, Topic: "dead"},
 			msg: delivered(1), closing: true, handler: failing, wantErr: []error{errHandler}},
+		{name: "nor is a subscription's deadline", config: valkeystream.DeadLetterConfig{MaxDeliveries: 1, Topic: "dead"},
+			msg: delivered(1), expires: true, handler: failing, wantErr: []error{errHandler}},
+		{name: "past the crash limit the handler does not run", config: valkeystream.DeadLetterConfig{MaxDeliveries: 3, CrashLimit: 5, Topic: "dead"},
+			msg: delivered(6), handler: mustNotRun, wantTopic: "dead", wantDeadErr: "delivered 6 times, more than CrashLimit 5"},
+		{name: "up to the crash limit the handler runs", config: valkeystream.DeadLetterConfig{MaxDeliveries: 3, CrashLimit: 5, Topic: "dead"},
+			msg: delivered(5), handler: failing, wantTopic: "dead"},
+		{name: "past the crash limit a failed publish is a failure", config: valkeystream.DeadLetterConfig{MaxDeliveries: 3, CrashLimit: 5, Topic: "dead"},
+			msg: delivered(6), handler: mustNotRun, publishErr: valkeystream.ErrPublisherClosed,
+			wantErr: []error{valkeystream.ErrDeliveryLimit, valkeystream.ErrPublisherClosed}, wantTopic: "dead", wantDeadErr: "more than CrashLimit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -506,9 +519,18 @@ func TestDeadLetterRules(t *testing.T) {
 			mw, err := valkeystream.DeadLetter(tt.config)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
+			if tt.expires {
+				ctx, cancel = context.WithTimeout(context.Background(), 10*time.Millisecond)
+			}
 			defer cancel()
 			tt.msg.SetContext(ctx)
 			handler := tt.handler
+			if tt.expires {
+				handler = func(msg *message.Message) ([]*message.Message, error) {
+					<-msg.Context().Done()
+					return tt.handler(msg)
+				}
+			}
 			if tt.closing {
 				handler = func(msg *message.Message) ([]*message.Message, error) {
 					cancel()
@@ -535,7 +557,11 @@ func TestDeadLetterRules(t *testing.T) {
 			assert.Equal(t, []string{tt.wantTopic}, pub.topics)
 			dead := pub.msgs[0]
 			assert.Equal(t, tt.msg.UUID, dead.UUID)
-			assert.Equal(t, errHandler.Error(), dead.Metadata.Get(valkeystream.MetadataError))
+			if tt.wantDeadErr == "" {
+				assert.Equal(t, errHandler.Error(), dead.Metadata.Get(valkeystream.MetadataError))
+			} else {
+				assert.Contains(t, dead.Metadata.Get(valkeystream.MetadataError), tt.wantDeadErr)
+			}
 			assert.Equal(t, tt.msg.Metadata.Get(valkeystream.MetadataDeliveryCount), dead.Metadata.Get(valkeystream.MetadataOriginalDeliveryCount))
 			assert.Equal(t, "1-0", dead.Metadata.Get(valkeystream.MetadataOriginalEntryID))
 			assert.NotContains(t, dead.Metadata, valkeystream.MetadataDeliveryCount)
@@ -579,6 +605,8 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 		{name: "no publisher", config: valkeystream.DeadLetterConfig{MaxDeliveries: 3}, want: "Publisher is required"},
 		{name: "no max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub}, want: "MaxDeliveries is 0"},
 		{name: "negative max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: -1}, want: "MaxDeliveries is -1"},
+		{name: "crash limit not above max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: 3, CrashLimit: 3},
+			want: "CrashLimit is 3: it must be 0 (off) or greater than MaxDeliveries (3)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -57,7 +57,11 @@ type Marshaler interface {
 	Marshal(topic string, msg *message.Message) ([]any, error)
 }
 
-// Unmarshaler decodes the fields of a stream entry into a message.
+// Unmarshaler decodes the fields of a stream entry into a message. It is
+// called from several subscriptions at once, and a subscription decodes its
+// next entry while a handler still works on the previous message, so it must
+// be safe for concurrent use and must not reuse memory that a message it
+// returned still refers to.
 type Unmarshaler interface {
 	// Unmarshal returns the message held by an entry's fields. An error
 	// should wrap ErrInvalidEntry.

@@ -19,7 +19,7 @@ type Publisher struct {
 	config PublisherConfig
 	logger watermill.LoggerAdapter
 
-	combiner combiner
+	combiners combiners
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -35,19 +35,20 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Publisher{config: config, logger: logger, combiner: combiner{client: config.Client}}, nil
+	return &Publisher{config: config, logger: logger, combiners: combiners{client: config.Client}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
-// Calls made at the same time from several goroutines share round trips: a
-// call that finds one in progress waits for it, then goes with the others
-// that queued meanwhile (up to 1000 messages). Publish returns after the
-// server accepted the call's own messages. If some were not written, the
-// error is a *PublishError that lists their UUIDs; the others were written.
-// A message that cannot be encoded fails the whole call before anything is
-// sent. A message's context that ends before the messages are sent fails the
-// call with nothing written; once they are sent with other calls', the call
-// waits for the answer, which the client's ReadTimeout bounds.
+// Calls made at the same time for the same topic share round trips: a call
+// that finds one in progress waits for it, then goes with the others that
+// queued meanwhile (up to 1000 messages). Publish returns after the server
+// accepted the call's own messages. If some were not written, the error is a
+// *PublishError that lists their UUIDs; the others were written. A message
+// that cannot be encoded fails the whole call before anything is sent. When
+// a message's context ends before the messages are sent, the call returns at
+// once with nothing written. Once they are sent it waits for the answer: a
+// round trip of its own ends with its context, one shared with other calls
+// at the latest of their deadlines or else by the client's timeouts.
 //
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
@@ -88,7 +89,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
 	req := &writeRequest{ctx: ctx, args: args}
-	p.combiner.write(req)
+	p.combiners.write(key, req)
 
 	var failed []string
 	var first error

@@ -77,8 +77,8 @@ type writeRequest struct {
 	errs []error // per message; nil when the server accepted it
 
 	// done receives false when the messages were sent (errs is final), or
-	// true when this call must lead the next round trip. It is sent to
-	// under combiner.mu, once.
+	// true, under combiner.mu, when this call must lead the next round
+	// trip. It receives once.
 	done chan bool
 }
 
@@ -155,10 +155,10 @@ func (c *combiner) lead() {
 		} else {
 			c.waiting[0].done <- true
 		}
+		c.mu.Unlock()
 		for _, r := range batch[1:] {
 			r.done <- false
 		}
-		c.mu.Unlock()
 	}()
 	c.send(batch)
 	sent = true

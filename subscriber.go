@@ -186,11 +186,15 @@ func (s *Subscriber) checkScripts(ctx context.Context, key string) error {
 	if err == nil {
 		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1").Err()
 	}
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return nil
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
 		return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused to run the subscription's scripts (EVALSHA, EVAL); allow them for this client: %w",
 			key, group, err)
 	}
-	return nil
+	return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: checking the subscription's scripts: %w", key, group, err)
 }
 
 // fanOutStart resolves where a fan-out subscription begins. StartNew is turned

@@ -3,44 +3,14 @@ package valkeystream_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
 )
-
-// errorLog records the Error lines of a logger.
-type errorLog struct {
-	watermill.NopLogger
-	mu     sync.Mutex
-	errors []string
-}
-
-func (l *errorLog) Error(msg string, err error, _ watermill.LogFields) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.errors = append(l.errors, msg+": "+errorText(err))
-}
-
-func (l *errorLog) With(watermill.LogFields) watermill.LoggerAdapter { return l }
-
-func (l *errorLog) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.errors...)
-}
-
-func errorText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
 
 // The group destroyed under a running subscription is created again by the
 // group door, at the declared start: StartNew skips what was added while it
@@ -51,7 +21,7 @@ func TestGroupDestroyedWhileSubscribed(t *testing.T) {
 		t.Run(start.String(), func(t *testing.T) {
 			ctx := context.Background()
 			e := newEnv(t)
-			logs := &errorLog{}
+			logs := newErrorLog(testLogger())
 			sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 				Client: e.client, ConsumerGroup: "g", Consumer: "c", Start: start,
 				BlockTime: 50 * time.Millisecond,
@@ -89,7 +59,7 @@ func TestGroupDestroyedWhileSubscribed(t *testing.T) {
 func TestStreamReplacedByAnotherType(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	logs := &errorLog{}
+	logs := newErrorLog(testLogger())
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: e.client, ConsumerGroup: "g", Consumer: "c", Start: valkeystream.StartHead,
 		BlockTime: 50 * time.Millisecond,

@@ -1,0 +1,170 @@
+// Package audit is the ledger of the crash audits: a process that handles
+// messages appends one line per step to a file of its own, and the test reads
+// every file back to prove that each published message was handled.
+//
+// A line is written with a single write(2) on a file opened with O_APPEND, and
+// it is written before the message is acknowledged. Once write returns, the
+// line is in the kernel's page cache and survives a SIGKILL of the writer at
+// any later instant (only a crash of the whole machine could lose it, which
+// is not what these audits simulate, so no fsync is needed). A SIGKILL during
+// the write itself can leave at most the last line of a file without its
+// newline: the [Reader] never counts such a torn line.
+//
+// Line format, fields separated by one space:
+//
+//	B <uuid> <entry id> <delivery count>   the handler began with the message
+//	H <uuid> <entry id> <delivery count>   the handler finished; the Ack follows
+package audit
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Kinds of ledger lines.
+const (
+	// Began: the handler received the message and starts working on it.
+	Began = 'B'
+	// Handled: the handler finished with the message; it is Acked next.
+	Handled = 'H'
+)
+
+// Writer appends lines to one ledger file. It is not safe for concurrent use.
+type Writer struct {
+	f   *os.File
+	buf []byte
+}
+
+// Create creates the ledger file at path, which must not exist yet.
+func Create(path string) (*Writer, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	return &Writer{f: f}, nil
+}
+
+// Begin records that the handler received the message.
+func (w *Writer) Begin(uuid, entryID string, count int) error {
+	return w.line(Began, uuid, entryID, count)
+}
+
+// Handled records that the handler finished with the message. Call it before
+// the Ack.
+func (w *Writer) Handled(uuid, entryID string, count int) error {
+	return w.line(Handled, uuid, entryID, count)
+}
+
+func (w *Writer) line(kind byte, uuid, entryID string, count int) error {
+	if strings.ContainsAny(uuid, " \n") || strings.ContainsAny(entryID, " \n") {
+		return fmt.Errorf("audit: uuid %q or entry id %q contains a space or a newline", uuid, entryID)
+	}
+	b := w.buf[:0]
+	b = append(b, kind, ' ')
+	b = append(b, uuid...)
+	b = append(b, ' ')
+	b = append(b, entryID...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(count), 10)
+	b = append(b, '\n')
+	w.buf = b
+	// One write call: the line is either wholly in the file or (if the
+	// process dies inside the call) possibly torn at the very end.
+	n, err := w.f.Write(b)
+	if err == nil && n != len(b) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return fmt.Errorf("audit: writing %s: %w", w.f.Name(), err)
+	}
+	return nil
+}
+
+// Close closes the file.
+func (w *Writer) Close() error { return w.f.Close() }
+
+// Record is one complete ledger line.
+type Record struct {
+	Kind    byte // Began or Handled
+	UUID    string
+	EntryID string
+	Count   int // the delivery count the message carried
+}
+
+// Reader reads a ledger file incrementally, while its writer may still be
+// appending to it: each call to Read returns the complete lines added since
+// the previous call.
+type Reader struct {
+	path    string
+	off     int64  // bytes consumed, up to the end of the last complete line
+	partial []byte // bytes after the last newline seen so far
+}
+
+// NewReader returns a Reader of the ledger file at path. The file need not
+// exist yet.
+func NewReader(path string) *Reader { return &Reader{path: path} }
+
+// Path is the file the Reader reads.
+func (r *Reader) Path() string { return r.path }
+
+// Read returns the complete lines appended since the last call. A malformed
+// complete line is an error: only the last line of a file may be torn, and
+// it has no newline.
+func (r *Reader) Read() ([]Record, error) {
+	f, err := os.Open(r.path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.NewSectionReader(f, r.off+int64(len(r.partial)), 1<<62))
+	if err != nil {
+		return nil, fmt.Errorf("audit: reading %s: %w", r.path, err)
+	}
+	data = append(r.partial, data...)
+	end := bytes.LastIndexByte(data, '\n')
+	if end < 0 {
+		r.partial = data
+		return nil, nil
+	}
+	complete := data[:end+1]
+	r.partial = append([]byte(nil), data[end+1:]...)
+	lineOff := r.off
+	r.off += int64(len(complete))
+
+	var recs []Record
+	for len(complete) > 0 {
+		i := bytes.IndexByte(complete, '\n')
+		line := complete[:i]
+		rec, err := parse(line)
+		if err != nil {
+			return recs, fmt.Errorf("audit: %s at byte %d: %w", r.path, lineOff, err)
+		}
+		recs = append(recs, rec)
+		lineOff += int64(i + 1)
+		complete = complete[i+1:]
+	}
+	return recs, nil
+}
+
+// Torn returns the bytes after the last complete line seen by Read: a line
+// whose writer died during the write (or is writing it now). It never counts.
+func (r *Reader) Torn() []byte { return r.partial }
+
+func parse(line []byte) (Record, error) {
+	f := strings.Fields(string(line))
+	if len(f) != 4 || len(f[0]) != 1 || (f[0][0] != Began && f[0][0] != Handled) {
+		return Record{}, fmt.Errorf("malformed line %q", line)
+	}
+	n, err := strconv.Atoi(f[3])
+	if err != nil || n < 0 {
+		return Record{}, fmt.Errorf("malformed delivery count in line %q", line)
+	}
+	return Record{Kind: f[0][0], UUID: f[1], EntryID: f[2], Count: n}, nil
+}

@@ -1,0 +1,138 @@
+// Command crashworker is the consumer process of the crash audit
+// (crash_audit_test.go). It subscribes to one topic through a consumer group
+// and, for every message, appends a line to its ledger (see internal/audit)
+// when the handler begins and another when it has finished, before the Ack.
+// The test kills it with SIGKILL at random moments and reads the ledgers back.
+//
+// It stops gracefully (Close sends the Acks not sent yet, exit status 0) when
+// its standard input reaches end of file: the test closes the pipe, or the
+// test process died, so a worker never outlives its test.
+//
+// Exit statuses: 0 after a graceful stop, 1 when the ledger cannot be
+// written, 2 for bad arguments or a failed start, 3 when the subscription
+// ended by itself.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/audit"
+)
+
+func main() {
+	var (
+		addr          = flag.String("addr", "", "server host:port")
+		topic         = flag.String("topic", "", "topic to subscribe to")
+		group         = flag.String("group", "", "consumer group")
+		consumer      = flag.String("consumer", "", "consumer name")
+		ledgerPath    = flag.String("ledger", "", "ledger file to create")
+		seed          = flag.Uint64("seed", 1, "seed of the handler delays")
+		delayProb     = flag.Float64("delay-prob", 0.2, "probability that the handler sleeps")
+		delayMax      = flag.Duration("delay-max", 5*time.Millisecond, "longest handler sleep")
+		batch         = flag.Int64("batch", 0, "SubscriberConfig.BatchSize (0: default)")
+		block         = flag.Duration("block", 200*time.Millisecond, "SubscriberConfig.BlockTime")
+		claimInterval = flag.Duration("claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
+		claimMinIdle  = flag.Duration("claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
+		ackFlush      = flag.Duration("ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
+		verbose       = flag.Bool("v", false, "log at debug level")
+	)
+	flag.Parse()
+	if *addr == "" || *topic == "" || *group == "" || *consumer == "" || *ledgerPath == "" {
+		fmt.Fprintln(os.Stderr, "crashworker: -addr, -topic, -group, -consumer and -ledger are required")
+		os.Exit(2)
+	}
+
+	ledger, err := audit.Create(*ledgerPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashworker:", err)
+		os.Exit(2)
+	}
+	client := redis.NewClient(&redis.Options{Addr: *addr})
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client:           client,
+		ConsumerGroup:    *group,
+		Consumer:         *consumer,
+		Start:            valkeystream.StartHead,
+		BatchSize:        *batch,
+		BlockTime:        *block,
+		ClaimInterval:    *claimInterval,
+		ClaimMinIdle:     *claimMinIdle,
+		AckFlushInterval: *ackFlush,
+	}, watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashworker:", err)
+		os.Exit(2)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		stop()
+	}()
+	// Subscribe talks to the server (the group door, the script check): on
+	// a loaded machine a call may time out, so retry for a while, as a
+	// service would.
+	var msgs <-chan *message.Message
+	for deadline := time.Now().Add(time.Minute); ; {
+		msgs, err = sub.Subscribe(ctx, *topic)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			// Asked to stop while still starting: a graceful stop.
+			_ = sub.Close()
+			fmt.Fprintf(os.Stderr, "crashworker: %s stopped before its subscription started\n", *consumer)
+			os.Exit(0)
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "crashworker: subscribe:", err)
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "crashworker: subscribe failed, retrying:", err)
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
+	handled := 0
+	for m := range msgs {
+		id := m.Metadata.Get(valkeystream.MetadataEntryID)
+		count := valkeystream.DeliveryCount(m)
+		if err := ledger.Begin(m.UUID, id, count); err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker:", err)
+			os.Exit(1)
+		}
+		if *delayMax > 0 && rng.Float64() < *delayProb {
+			time.Sleep(time.Duration(rng.Int64N(int64(*delayMax)) + 1))
+		}
+		if err := ledger.Handled(m.UUID, id, count); err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker:", err)
+			os.Exit(1)
+		}
+		m.Ack()
+		handled++
+	}
+
+	status := 0
+	if ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "crashworker: the subscription ended by itself")
+		status = 3
+	}
+	if err := sub.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "crashworker: close:", err)
+	}
+	_ = client.Close()
+	_ = ledger.Close()
+	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages; stats %+v\n", *consumer, handled, sub.Stats())
+	os.Exit(status)
+}

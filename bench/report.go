@@ -63,6 +63,7 @@ func (r report) markdown(chartRef string) string {
 		fmt.Fprintf(&w, "![Messages per second by scenario, %d-byte payloads](%s)\n\n", r.chartSize(), chartRef)
 	}
 	r.writeThroughput(&w)
+	w.WriteString(bounds)
 	r.writeNack(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)

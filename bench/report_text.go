@@ -2,24 +2,12 @@ package main
 
 // The prose of the report that does not depend on the results.
 
-// howToRun opens the report: how to run the benchmark, and a section to
-// paste into the README.
+// howToRun opens the report: how to run the benchmark.
 const howToRun = "## How to run\n\n" +
-	"Paste into the README:\n\n" +
-	"````markdown\n" +
-	"## Benchmarks\n\n" +
-	"`bench/` is a separate module that measures valkeystream and\n" +
-	"[watermill-redisstream](https://github.com/ThreeDotsLabs/watermill-redisstream)\n" +
-	"side by side against the same private server in one run: publishing\n" +
-	"(64 goroutines, one goroutine, 100 messages per call), consuming through a\n" +
-	"router and from the channel, with 1% of messages Nacked, and the\n" +
-	"subscriber's heap over a growing backlog. Results, the machine they ran on\n" +
-	"and the method: [docs/benchmarks.md](docs/benchmarks.md).\n\n" +
 	"```sh\n" +
 	"go run -C bench . -out ../docs/benchmarks.md                      # redis-server\n" +
 	"go run -C bench . -server valkey-server -out ../docs/benchmarks.md\n" +
-	"```\n" +
-	"````\n\n" +
+	"```\n\n" +
 	"The program starts its own `redis-server` (or `-server valkey-server`) on a\n" +
 	"free loopback port without persistence, runs every scenario for every side,\n" +
 	"writes this file and `benchmarks.svg`, and stops the server. `-addr host:port`\n" +
@@ -73,3 +61,7 @@ const method = "## Method\n\n" +
 	"  handling: watermill-redisstream sends the same message again from memory;\n" +
 	"  valkeystream claims the entry again on the server (`XCLAIM`, its delivery\n" +
 	"  count grows) and delivers it before newer ones.\n\n"
+
+// bounds points to the reading of the results against the targets.
+const bounds = "What bounds each figure, with profiles, and how it compares with the\n" +
+	"targets: [performance.md](performance.md).\n\n"

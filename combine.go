@@ -14,6 +14,11 @@ import (
 // with more messages still goes in one round trip of its own.
 const maxCombined = 1000
 
+// maxLeaders bounds the round trips in flight at once for one stream. Two
+// let the next batch be written while one is on its way, which matters
+// when the round trip is long next to the work of a batch.
+const maxLeaders = 2
+
 // errSendAborted is the outcome of calls carried in a round trip whose
 // sending panicked (in a client hook, say) in the goroutine of another call.
 var errSendAborted = errors.New("valkeystream: publish: the shared round trip was aborted by a panic in another Publish call; the messages may not have been written")
@@ -55,19 +60,19 @@ func (cs *combiners) write(key string, r *writeRequest) {
 }
 
 // combiner shares round trips among concurrent calls for one stream key.
-// There is no writer goroutine: the call that finds no round trip in
-// progress leads one, sending its own messages together with those of every
-// call that queued meanwhile; then it hands the lead to the first call that
-// queued after it took the batch, or ends it. A lone caller therefore pays
-// no hand-off, and many callers pay one round trip per batch instead of one
-// each.
+// There is no writer goroutine: a call that finds fewer than maxLeaders
+// round trips in progress leads one, sending its own messages together with
+// those of every call queued so far; when the answer comes it hands the lead
+// to the oldest call still queued, or gives it up. A lone caller therefore
+// pays no hand-off, and many callers pay one round trip per batch instead of
+// one each.
 type combiner struct {
 	client redis.UniversalClient
 	users  int // calls in write; guarded by combiners.mu
 
 	mu      sync.Mutex
 	waiting []*writeRequest // queued calls, oldest first
-	leading bool            // a call is leading a round trip; waiting is empty otherwise
+	leaders int             // calls leading a round trip; waiting is empty while below maxLeaders
 }
 
 // writeRequest is one Publish call's messages on their way to the server.
@@ -85,14 +90,14 @@ type writeRequest struct {
 func (c *combiner) write(r *writeRequest) {
 	r.errs = make([]error, len(r.args))
 	c.mu.Lock()
-	c.waiting = append(c.waiting, r)
-	if !c.leading {
-		c.leading = true
+	if c.leaders < maxLeaders {
+		c.leaders++
 		c.mu.Unlock()
-		c.lead()
+		c.lead(r)
 		return
 	}
 	r.done = make(chan bool, 1)
+	c.waiting = append(c.waiting, r)
 	c.mu.Unlock()
 	var lead bool
 	select {
@@ -101,14 +106,14 @@ func (c *combiner) write(r *writeRequest) {
 		lead = c.giveUp(r)
 	}
 	if lead {
-		c.lead()
+		c.lead(r)
 	}
 }
 
 // giveUp handles a queued call whose context ended: if it is still queued it
 // leaves the queue with the context's error and nothing sent; if it was
 // already taken into a round trip it waits for the answer. It reports
-// whether the call must lead the next round trip after all.
+// whether the call must lead a round trip after all.
 func (c *combiner) giveUp(r *writeRequest) (lead bool) {
 	c.mu.Lock()
 	select {
@@ -127,17 +132,19 @@ func (c *combiner) giveUp(r *writeRequest) (lead bool) {
 	return <-r.done
 }
 
-// lead sends one batch, which begins with the leading call's own request,
-// then passes the lead on and releases the other calls of the batch, even if
-// sending panicked (a client hook may panic).
-func (c *combiner) lead() {
+// lead sends self's messages with those of the calls queued so far, then
+// passes the lead on to the oldest call still queued (or gives it up) and
+// releases the other calls of the batch, even if sending panicked (a client
+// hook may panic).
+func (c *combiner) lead(self *writeRequest) {
 	c.mu.Lock()
-	n, messages := 0, 0
-	for n < len(c.waiting) && (n == 0 || messages+len(c.waiting[n].args) <= maxCombined) {
+	n, messages := 0, len(self.args)
+	for n < len(c.waiting) && messages+len(c.waiting[n].args) <= maxCombined {
 		messages += len(c.waiting[n].args)
 		n++
 	}
-	batch := slices.Clone(c.waiting[:n])
+	batch := make([]*writeRequest, 0, n+1)
+	batch = append(append(batch, self), c.waiting[:n]...)
 	c.waiting = c.waiting[n:]
 	c.mu.Unlock()
 
@@ -150,10 +157,12 @@ func (c *combiner) lead() {
 		}
 		c.mu.Lock()
 		if len(c.waiting) == 0 {
-			c.leading = false
+			c.leaders--
 			c.waiting = nil // let the backing array go
 		} else {
-			c.waiting[0].done <- true
+			next := c.waiting[0]
+			c.waiting = c.waiting[1:]
+			next.done <- true
 		}
 		c.mu.Unlock()
 		for _, r := range batch[1:] {

@@ -2,6 +2,7 @@ package valkeystream
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,12 +17,12 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-// gate holds the first round trip carrying XADD until it is opened, and
-// counts the round trips that carry XADD.
+// gate holds the first maxLeaders round trips carrying XADD until it is
+// opened, and counts the round trips that carry XADD.
 type gate struct {
 	open       chan struct{}
-	held       chan struct{} // closed when the first round trip is held
-	holding    atomic.Bool
+	held       chan struct{} // closed when maxLeaders round trips are held
+	holding    atomic.Int32
 	roundTrips atomic.Int64
 }
 
@@ -29,8 +30,10 @@ func (g *gate) wait(cmds []redis.Cmder) {
 	for _, c := range cmds {
 		if c.Name() == "xadd" {
 			g.roundTrips.Add(1)
-			if g.holding.CompareAndSwap(false, true) {
-				close(g.held)
+			if n := g.holding.Add(1); n <= maxLeaders {
+				if n == maxLeaders {
+					close(g.held)
+				}
 				<-g.open
 			}
 			return
@@ -85,6 +88,17 @@ func queued(t *testing.T, pub *Publisher, key string, n int) {
 	}, 10*time.Second, time.Millisecond, "%d calls queue behind the round trip in progress", n)
 }
 
+// holdLeaders starts maxLeaders calls for topic and returns once the gate
+// holds their round trips; receive their outcomes from the channels.
+func holdLeaders(pub *Publisher, g *gate, topic string) []chan error {
+	var results []chan error
+	for i := range maxLeaders {
+		results = append(results, publishAsync(pub, topic, message.NewMessage(fmt.Sprint("leader-", i), []byte("x"))))
+	}
+	<-g.held
+	return results
+}
+
 func publishAsync(pub *Publisher, topic string, msg *message.Message) chan error {
 	res := make(chan error, 1)
 	go func() { res <- pub.Publish(topic, msg) }()
@@ -98,8 +112,7 @@ func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
 	pub, client, g := gatedPublisher(t)
 	ctx := context.Background()
 	topic := "combine-" + watermill.NewShortUUID()
-	first := publishAsync(pub, topic, message.NewMessage("first", []byte("x")))
-	<-g.held
+	leaders := holdLeaders(pub, g, topic)
 
 	const calls = 10
 	cancelled, cancel := context.WithCancel(ctx)
@@ -116,17 +129,21 @@ func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
 	assert.ErrorIs(t, <-results[3], context.Canceled, "a queued call whose context ends returns at once, before the round trip in progress ends")
 	close(g.open)
 
-	require.NoError(t, <-first)
+	for _, res := range leaders {
+		require.NoError(t, <-res)
+	}
 	for i, res := range results {
 		if i != 3 {
 			assert.NoError(t, <-res, "call %d", i)
 		}
 	}
-	assert.Equal(t, int64(2), g.roundTrips.Load(), "one round trip for the first call, one for all that queued")
+	assert.Equal(t, int64(maxLeaders+1), g.roundTrips.Load(), "one round trip for each leading call, one for all that queued")
 	entries, err := client.XRange(ctx, topic, "-", "+").Result()
 	require.NoError(t, err)
-	require.Len(t, entries, calls, "the first call and every queued call but the cancelled one")
-	assert.Equal(t, "first", entries[0].Values[FieldUUID])
+	require.Len(t, entries, maxLeaders+calls-1, "the leading calls and every queued call but the cancelled one")
+	for i := range maxLeaders {
+		assert.Contains(t, []any{"leader-0", "leader-1"}, entries[i].Values[FieldUUID], "the leading calls' entries come first")
+	}
 	assert.Empty(t, pub.combiners.byKey, "no combiner is kept once its calls are done")
 }
 
@@ -134,12 +151,13 @@ func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
 func TestPublishToAnotherTopicIsNotHeldUp(t *testing.T) {
 	pub, client, g := gatedPublisher(t)
 	slow, other := "combine-slow-"+watermill.NewShortUUID(), "combine-other-"+watermill.NewShortUUID()
-	held := publishAsync(pub, slow, message.NewMessage(watermill.NewUUID(), []byte("x")))
-	<-g.held
+	held := holdLeaders(pub, g, slow)
 	require.NoError(t, pub.Publish(other, message.NewMessage(watermill.NewUUID(), []byte("x"))))
 	assert.Equal(t, int64(1), client.XLen(context.Background(), other).Val())
 	close(g.open)
-	require.NoError(t, <-held)
+	for _, res := range held {
+		require.NoError(t, <-res)
+	}
 }
 
 // panicHook panics in the first pipeline that carries XADD.
@@ -162,8 +180,7 @@ func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
 	pub, client, g := gatedPublisher(t)
 	client.AddHook(&panicHook{})
 	topic := "combine-" + watermill.NewShortUUID()
-	first := publishAsync(pub, topic, message.NewMessage(watermill.NewUUID(), []byte("x")))
-	<-g.held
+	leaders := holdLeaders(pub, g, topic)
 	const calls = 3
 	panicked := make(chan any, calls)
 	results := make([]chan error, calls)
@@ -181,7 +198,9 @@ func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
 	}
 	queued(t, pub, topic, calls)
 	close(g.open)
-	require.NoError(t, <-first)
+	for _, res := range leaders {
+		require.NoError(t, <-res)
+	}
 	aborted := 0
 	for _, res := range results {
 		if err := <-res; err != nil {

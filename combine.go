@@ -81,14 +81,29 @@ type writeRequest struct {
 	args []redis.XAddArgs
 	errs []error // per message; nil when the server accepted it
 
+	// one and oneErr hold args and errs of a call with one message, the
+	// most common, so that it costs one allocation instead of three.
+	one    [1]redis.XAddArgs
+	oneErr [1]error
+
 	// done receives false when the messages were sent (errs is final), or
 	// true, under combiner.mu, when this call must lead the next round
 	// trip. It receives once.
 	done chan bool
 }
 
+// newWriteRequest returns a request for n messages, its args to be filled.
+func newWriteRequest(n int) *writeRequest {
+	r := &writeRequest{}
+	if n == 1 {
+		r.args, r.errs = r.one[:], r.oneErr[:]
+	} else {
+		r.args, r.errs = make([]redis.XAddArgs, n), make([]error, n)
+	}
+	return r
+}
+
 func (c *combiner) write(r *writeRequest) {
-	r.errs = make([]error, len(r.args))
 	c.mu.Lock()
 	if c.leaders < maxLeaders {
 		c.leaders++

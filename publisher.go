@@ -66,7 +66,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	}
 	key := p.config.KeyPrefix + topic
-	args := make([]redis.XAddArgs, len(msgs))
+	req := newWriteRequest(len(msgs))
+	args := req.args
 	retention, trim := p.config.Retention[topic]
 	minID := ""
 	if trim && retention.MaxAge > 0 {
@@ -88,7 +89,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	req := &writeRequest{ctx: ctx, args: args}
+	req.ctx = ctx
 	p.combiners.write(key, req)
 
 	var failed []string

@@ -34,4 +34,18 @@
 //
 // Every delivered message carries the server's delivery count for its entry
 // under [MetadataDeliveryCount]; read it with [DeliveryCount].
+//
+// # Messages that keep failing
+//
+// The [DeadLetter] middleware copies a message whose handler fails on its
+// [DeadLetterConfig.MaxDeliveries]-th delivery to a dead-letter topic, with
+// where it came from and why it failed, and only then lets the router Ack it;
+// [DeliveryLimit] does the same job through Watermill's PoisonQueue. An entry
+// that cannot be decoded is written to the stream key plus
+// [SubscriberConfig.DeadLetterSuffix] the same way.
+//
+// # Publishing
+//
+// A [Publisher] sends all messages of one Publish call in one round trip, and
+// concurrent calls for the same stream share round trips.
 package valkeystream

@@ -147,22 +147,26 @@ func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
 		// middleware replaces it.
 		ctx := msg.Context()
 		if n := DeliveryCount(msg); d.config.CrashLimit > 0 && n > d.config.CrashLimit && ctx.Err() == nil {
-			cause := fmt.Errorf("%w: delivered %d times, more than CrashLimit %d, without a failure returned by the handler: it may end the process",
-				ErrDeliveryLimit, n, d.config.CrashLimit)
-			if err := d.publish(ctx, msg, cause); err != nil {
-				return nil, errors.Join(cause, err)
-			}
-			return nil, nil
+			return nil, d.giveUp(ctx, msg, fmt.Errorf("%w: delivered %d times, more than CrashLimit %d, without a failure returned by the handler: it may end the process",
+				ErrDeliveryLimit, n, d.config.CrashLimit))
 		}
 		produced, err := h(msg)
 		if err == nil || !isFinalFailure(ctx, msg, d.config.MaxDeliveries) {
 			return produced, err
 		}
-		if perr := d.publish(ctx, msg, err); perr != nil {
-			return produced, errors.Join(err, perr)
-		}
-		return nil, nil
+		return nil, d.giveUp(ctx, msg, err)
 	}
+}
+
+// giveUp publishes the dead letter of msg, which failed with cause, and
+// returns nil, so that the router Acks msg; or, when the dead letter could
+// not be published, cause joined with why, so that msg is Nacked and comes
+// back.
+func (d deadLetter) giveUp(ctx context.Context, msg *message.Message, cause error) error {
+	if err := d.publish(ctx, msg, cause); err != nil {
+		return errors.Join(cause, err)
+	}
+	return nil
 }
 
 // publish publishes the dead letter of msg, which failed with cause.
@@ -192,7 +196,7 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause err
 	if err := d.config.Publisher.Publish(topic, dead); err != nil {
 		return fmt.Errorf("valkeystream: publishing message %s to dead-letter topic %q: %w", msg.UUID, topic, err)
 	}
-	d.config.Logger.Error("Message failed on its last allowed delivery; published to the dead-letter topic", cause, watermill.LogFields{
+	d.config.Logger.Error("Message given up; published to the dead-letter topic", cause, watermill.LogFields{
 		"message_uuid":      msg.UUID,
 		"topic":             o.topic,
 		"entry_id":          o.entryID,

@@ -14,7 +14,7 @@ import (
 )
 
 // newPubSub returns a Publisher and a Subscriber, each with a client of its
-// own that its Close closes. An empty group makes a fan-out Subscriber. Every
+// own that its Close closes, and closes both when the test ends. An empty group makes a fan-out Subscriber. Every
 // timing is the shipped default.
 func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publisher, message.Subscriber) {
 	t.Helper()
@@ -30,6 +30,12 @@ func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publ
 		Start:         valkeystream.StartHead,
 	}, testLogger())
 	require.NoError(t, err)
+	// The suite leaves some of them open; closed here, their clients do not
+	// outlive the server and keep redialing it in the background.
+	t.Cleanup(func() {
+		_ = sub.Close()
+		_ = pub.Close()
+	})
 	return pub, sub
 }
 

@@ -17,8 +17,9 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-// gate holds the first maxLeaders round trips carrying XADD until it is
-// opened, and counts the round trips that carry XADD.
+// gate holds the first maxLeaders round trips carrying XADD, and counts the
+// round trips that carry XADD. A send on open lets one held round trip go;
+// closing it lets them all go.
 type gate struct {
 	open       chan struct{}
 	held       chan struct{} // closed when maxLeaders round trips are held
@@ -57,8 +58,8 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 
 var _ redis.Hook = (*gate)(nil)
 
-// gatedPublisher returns a Publisher whose first round trip carrying XADD
-// is held by the returned gate until it is opened.
+// gatedPublisher returns a Publisher whose first maxLeaders round trips
+// carrying XADD are held by the returned gate.
 func gatedPublisher(t *testing.T) (*Publisher, *redis.Client, *gate) {
 	t.Helper()
 	srv := testserver.Start(t)
@@ -127,23 +128,30 @@ func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
 	queued(t, pub, topic, calls)
 	cancel()
 	assert.ErrorIs(t, <-results[3], context.Canceled, "a queued call whose context ends returns at once, before the round trip in progress ends")
-	close(g.open)
 
-	for _, res := range leaders {
-		require.NoError(t, <-res)
-	}
+	// One leading call ends and hands the lead to the oldest queued call,
+	// which takes every other queued call along; the second leading call is
+	// let go only after that, so that it finds nobody queued.
+	g.open <- struct{}{}
 	for i, res := range results {
 		if i != 3 {
 			assert.NoError(t, <-res, "call %d", i)
 		}
 	}
+	close(g.open)
+	for _, res := range leaders {
+		require.NoError(t, <-res)
+	}
 	assert.Equal(t, int64(maxLeaders+1), g.roundTrips.Load(), "one round trip for each leading call, one for all that queued")
 	entries, err := client.XRange(ctx, topic, "-", "+").Result()
 	require.NoError(t, err)
 	require.Len(t, entries, maxLeaders+calls-1, "the leading calls and every queued call but the cancelled one")
-	for i := range maxLeaders {
-		assert.Contains(t, []any{"leader-0", "leader-1"}, entries[i].Values[FieldUUID], "the leading calls' entries come first")
+	leaderNames := []any{"leader-0", "leader-1"}
+	assert.Contains(t, leaderNames, entries[0].Values[FieldUUID], "the leading call let go first is written first")
+	for _, e := range entries[1 : len(entries)-1] {
+		assert.NotContains(t, leaderNames, e.Values[FieldUUID], "the queued calls are written together")
 	}
+	assert.Contains(t, leaderNames, entries[len(entries)-1].Values[FieldUUID], "the leading call let go last is written last")
 	assert.Empty(t, pub.combiners.byKey, "no combiner is kept once its calls are done")
 }
 
@@ -197,16 +205,19 @@ func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
 		}()
 	}
 	queued(t, pub, topic, calls)
-	close(g.open)
-	for _, res := range leaders {
-		require.NoError(t, <-res)
-	}
+	// One leading call ends and hands the lead to the oldest queued call,
+	// which takes the others along; the second leading call goes after.
+	g.open <- struct{}{}
 	aborted := 0
 	for _, res := range results {
 		if err := <-res; err != nil {
 			assert.ErrorIs(t, err, errSendAborted)
 			aborted++
 		}
+	}
+	close(g.open)
+	for _, res := range leaders {
+		require.NoError(t, <-res)
 	}
 	require.Len(t, panicked, 1, "the leader of the shared round trip sees the panic")
 	assert.Equal(t, calls-1, aborted, "the calls it carried fail")

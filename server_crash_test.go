@@ -208,13 +208,24 @@ func newServerCrashRun(t *testing.T, srv *testserver.Server, opts serverCrashOpt
 		ReadTimeout: opts.readTimeout,
 	})
 	t.Cleanup(func() { _ = r.client.Close() })
+	// The subscriptions' client does not retry by itself, so that every
+	// failed call reaches the loop: the bounds on failed calls then measure
+	// the loop's own backoff, not go-redis' retries and redials.
+	subClient := redis.NewClient(&redis.Options{
+		Addr:          srv.Addr(),
+		ClientName:    r.clientName,
+		ReadTimeout:   opts.readTimeout,
+		MaxRetries:    -1,
+		DialerRetries: 1,
+	})
+	t.Cleanup(func() { _ = subClient.Close() })
 	var err error
 	r.pub, err = valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: r.client}, testLogger())
 	require.NoError(t, err)
 	for _, consumer := range []string{"c1", "c2"} {
 		log := newErrorLog(testLogger())
 		sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-			Client:        r.client,
+			Client:        subClient,
 			ConsumerGroup: r.group,
 			Consumer:      consumer,
 			Start:         valkeystream.StartHead,

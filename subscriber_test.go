@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,16 +357,24 @@ func collect(t *testing.T, msgs <-chan *message.Message) func() []*message.Messa
 	}
 }
 
+// leaseClaim makes a peer reclaim within seconds while leaving a renewal
+// (every ClaimMinIdle/3 = 500 ms) a second of slack, so that a loaded machine
+// that delays one renewal does not hand a live entry to the peer.
+func leaseClaim(c *valkeystream.SubscriberConfig) {
+	shortClaim(c)
+	c.ClaimMinIdle = 1500 * time.Millisecond
+}
+
 func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 	e := newEnv(t)
 	e.publish(1)
-	holder := e.subscriber("g", "holder", shortClaim)
+	holder := e.subscriber("g", "holder", leaseClaim)
 	m := receive(t, e.subscribe(holder))
-	peer := e.subscriber("g", "peer", shortClaim)
+	peer := e.subscriber("g", "peer", leaseClaim)
 	peerGot := collect(t, e.subscribe(peer))
 
-	// Handle for four times ClaimMinIdle (300 ms) while the peer's beat runs.
-	time.Sleep(4 * 300 * time.Millisecond)
+	// Handle for twice ClaimMinIdle while the peer's beat runs.
+	time.Sleep(2 * 1500 * time.Millisecond)
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "holder", p[0].Consumer, "a live handler's entry must not be reclaimed")
@@ -379,19 +388,20 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	e := newEnv(t)
 	sent := e.publish(10)
-	slow := e.subscriber("g", "slow", shortClaim)
+	slow := e.subscriber("g", "slow", leaseClaim)
 	msgs := e.subscribe(slow)
 	first := receive(t, msgs) // the loop has fetched all ten in one batch
-	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", shortClaim)))
+	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim)))
 
+	const handling = 350 * time.Millisecond // ten of these outlast ClaimMinIdle twice
 	got := []string{first.UUID}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(handling)
 	first.Ack()
 	for range 9 {
 		m := receive(t, msgs)
 		assert.Equal(t, 1, valkeystream.DeliveryCount(m), "a queued entry is still on its first delivery")
 		got = append(got, m.UUID)
-		time.Sleep(100 * time.Millisecond) // ten of these outlast ClaimMinIdle
+		time.Sleep(handling)
 		m.Ack()
 	}
 	require.NoError(t, slow.Close())
@@ -404,16 +414,21 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	sent := e.publish(3)
-	// Renewals every second; "other" looks alive for ClaimMinIdle (3 s),
-	// longer than this test needs.
+	// Renewals every second. The claim beat runs once at the start and not
+	// again within the test, so nothing reclaims the entry from "other".
+	scripts := &scriptCounter{}
+	e.client.AddHook(scripts)
 	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
-		c.ClaimInterval = 50 * time.Millisecond
+		c.ClaimInterval = time.Hour
 	}))
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
-	time.Sleep(1800 * time.Millisecond) // a renewal (every second) notices it
+	// The only scripts the loop runs here are renewals; the second to end
+	// after the XCLAIM started after it, and so has seen the new holder.
+	renewals := scripts.done.Load()
+	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.done.Load() >= renewals+2 })
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")
@@ -432,7 +447,7 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	msgs := e.subscribe(sub)
 	m := receive(t, msgs)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
-	time.Sleep(300 * time.Millisecond) // a few renewals (every 100 ms) notice it
+	waitUntil(t, "a renewal notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID)
@@ -489,9 +504,9 @@ func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
 	e := newEnv(t)
 	sent := e.publish(2)
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
-		c.NackResendDelay = 3 * time.Second
+		c.NackResendDelay = 4 * time.Second
 		// Long enough that the Ack is still waiting when the Nack comes.
-		c.AckFlushInterval = 300 * time.Millisecond
+		c.AckFlushInterval = time.Second
 	})
 	msgs := e.subscribe(sub)
 	m := receive(t, msgs)
@@ -501,7 +516,7 @@ func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
 	require.Equal(t, sent[1].UUID, m.UUID)
 	m.Nack()
 	// Well before the delay ends, the first Ack has reached the server.
-	require.Eventually(t, func() bool { return len(e.pending("g")) == 1 }, 2*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return len(e.pending("g")) == 1 }, 3*time.Second, 20*time.Millisecond,
 		"an Ack must not wait for another message's NackResendDelay")
 	again := receive(t, msgs)
 	assert.Equal(t, sent[1].UUID, again.UUID)
@@ -877,4 +892,22 @@ func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
 	assert.ErrorContains(t, err, "NOPERM")
 	assert.ErrorContains(t, err, e.topic)
 	require.NoError(t, sub.Close())
+}
+
+// scriptCounter counts the server-side script calls (EVALSHA, EVAL) that
+// have returned.
+type scriptCounter struct{ done atomic.Int64 }
+
+func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.done.Add(1)
+		}
+		return err
+	}
+}
+func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

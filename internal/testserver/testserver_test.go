@@ -23,7 +23,7 @@ func client(t *testing.T, addr string) *redis.Client {
 		MaxRetries:      -1,
 		DialTimeout:     time.Second,
 		DialerRetries:   1,
-		ReadTimeout:     time.Second,
+		ReadTimeout:     5 * time.Second, // the server fsyncs every write
 		DisableIdentity: true,
 	})
 	t.Cleanup(func() { _ = c.Close() })

@@ -117,3 +117,47 @@ func BenchmarkConsumeRouter(b *testing.B) {
 	b.StopTimer()
 	require.NoError(b, router.Close())
 }
+
+// benchMessage returns a typical message: a UUID, a 64-byte payload and two
+// metadata keys.
+func benchMessage() *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), make([]byte, 64))
+	msg.Metadata.Set("correlation_id", watermill.NewUUID())
+	msg.Metadata.Set("content_type", "application/json")
+	return msg
+}
+
+// BenchmarkMarshal measures encoding one message into entry fields.
+func BenchmarkMarshal(b *testing.B) {
+	msg := benchMessage()
+	m := valkeystream.DefaultMarshaler{}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Marshal("topic", msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkUnmarshal measures decoding entry fields, as go-redis returns
+// them, into a message.
+func BenchmarkUnmarshal(b *testing.B) {
+	msg := benchMessage()
+	m := valkeystream.DefaultMarshaler{}
+	encoded, err := m.Marshal("topic", msg)
+	require.NoError(b, err)
+	fields := make(map[string]any, len(encoded)/2)
+	for i := 0; i < len(encoded); i += 2 {
+		v := encoded[i+1]
+		if p, ok := v.([]byte); ok {
+			v = string(p) // go-redis returns every value as a string
+		}
+		fields[encoded[i].(string)] = v
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Unmarshal(fields); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

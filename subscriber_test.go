@@ -484,6 +484,44 @@ func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
 	require.NoError(t, sub.Close())
 }
 
+// A script call that fails without a reply from the server (a connection
+// lost, say) fails Subscribe with the cause, not with advice about
+// permissions.
+func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
+	e := newEnv(t)
+	lost := errors.New("connection lost")
+	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(failScripts{err: lost})
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+
+	_, err = sub.Subscribe(context.Background(), e.topic)
+	require.ErrorIs(t, err, lost)
+	assert.ErrorContains(t, err, "checking the subscription's scripts")
+	assert.NotContains(t, err.Error(), "refused", "no reply is not a refusal")
+}
+
+// failScripts fails every script call (EVALSHA, EVAL) with err before it is
+// sent.
+type failScripts struct{ err error }
+
+func (h failScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h failScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			cmd.SetErr(h.err)
+			return h.err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h failScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)

@@ -125,13 +125,14 @@ type SubscriberConfig struct {
 	BatchSize int64
 
 	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
-	// cancelled Subscribe context wait at most about this long for a read in
-	// progress. It cannot be infinite. Default: DefaultBlockTime.
+	// cancelled Subscribe context wait up to about this long for a read in
+	// progress (go-redis cannot interrupt it). It cannot be infinite, and
+	// it is at least 1ms. Default: DefaultBlockTime.
 	BlockTime time.Duration
 
 	// ClaimInterval is the beat on which the subscription reclaims entries
-	// other consumers left idle for ClaimMinIdle. Only used with
-	// ConsumerGroup. Default: DefaultClaimInterval.
+	// other consumers left idle for ClaimMinIdle. It is at least 1ms. Only
+	// used with ConsumerGroup. Default: DefaultClaimInterval.
 	ClaimInterval time.Duration
 
 	// ClaimMinIdle is how long an entry must have been idle, as the server
@@ -221,8 +222,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: BatchSize is %d: it must be positive", ErrInvalidConfig, c.BatchSize)
 	case c.BlockTime < time.Millisecond:
 		return fmt.Errorf("%w: BlockTime is %s: it must be at least 1ms (the server counts in milliseconds, and an infinite block could never be interrupted)", ErrInvalidConfig, c.BlockTime)
-	case c.ClaimInterval < 0:
-		return fmt.Errorf("%w: ClaimInterval is %s: it must be positive", ErrInvalidConfig, c.ClaimInterval)
+	case c.ClaimInterval < time.Millisecond:
+		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries)", ErrInvalidConfig, c.ClaimInterval)
 	case c.NackResendDelay < 0:
 		return fmt.Errorf("%w: NackResendDelay is %s: it must not be negative", ErrInvalidConfig, c.NackResendDelay)
 	case c.AckFlushInterval < 0:
@@ -276,7 +277,8 @@ type Retention struct {
 	MaxLen int64
 	// MaxAge keeps entries younger than this (XADD MINID ~ with an id made
 	// from the publishing host's clock minus MaxAge, so clock skew between
-	// host and server shifts it). 0: no limit.
+	// host and server shifts it). 0: no limit; an age reaching back before
+	// 1970 trims nothing either.
 	MaxAge time.Duration
 }
 

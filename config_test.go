@@ -36,6 +36,7 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{name: "negative batch", edit: func(c *valkeystream.SubscriberConfig) { c.BatchSize = -1 }, want: []string{"BatchSize"}},
 		{name: "block below a millisecond", edit: func(c *valkeystream.SubscriberConfig) { c.BlockTime = time.Microsecond }, want: []string{"BlockTime", "1ms"}},
 		{name: "negative claim interval", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = -time.Second }, want: []string{"ClaimInterval"}},
+		{name: "claim interval below a millisecond", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = 5 }, want: []string{"ClaimInterval is 5ns", "1ms"}},
 		{name: "negative nack delay", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = -time.Second }, want: []string{"NackResendDelay"}},
 		{name: "negative ack flush", edit: func(c *valkeystream.SubscriberConfig) { c.AckFlushInterval = -time.Second }, want: []string{"AckFlushInterval"}},
 		{name: "min idle not above block", edit: func(c *valkeystream.SubscriberConfig) {

@@ -369,7 +369,7 @@ func (l *groupLoop) decode(e *entry) (*message.Message, error) {
 
 func (l *groupLoop) prepare(e *entry) {
 	e.decoded = true
-	e.msg, e.decodeErr = l.cfg.Unmarshaler.Unmarshal(e.fields)
+	e.msg, e.decodeErr = decodeEntry(l.cfg.Unmarshaler, e.fields)
 	if e.decodeErr != nil {
 		return
 	}
@@ -398,6 +398,7 @@ func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
 	for {
 		next, err := l.claimBack(ctx, id)
 		if err == nil {
+			l.retries.succeeded()
 			return next, true
 		}
 		if ctx.Err() != nil || !l.fault(ctx, "claiming a nacked entry back", err) {

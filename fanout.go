@@ -42,7 +42,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 		m := l.queue[0]
 		l.queue = l.queue[1:]
 		for count := 1; ; count++ {
-			msg, err := cfg.Unmarshaler.Unmarshal(m.Values)
+			msg, err := decodeEntry(cfg.Unmarshaler, m.Values)
 			if err != nil {
 				// A fan-out reader owns nothing it could move or acknowledge:
 				// the entry stays in the stream, for a person to look at.
@@ -54,6 +54,8 @@ func (l *fanOutLoop) run(ctx context.Context) {
 			msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
 			msg.Metadata.Set(MetadataEntryID, m.ID)
 			msg.Metadata.Set(MetadataStream, l.key)
+			msg.Metadata.Set(MetadataGroup, "")
+			msg.Metadata.Set(MetadataConsumer, "")
 			msgCtx, cancel := context.WithCancel(ctx)
 			msg.SetContext(msgCtx)
 			result := deliver(ctx, l.out, msg, nil, &l.sub.stats.delivered)

@@ -64,8 +64,26 @@ type Marshaler interface {
 // returned still refers to.
 type Unmarshaler interface {
 	// Unmarshal returns the message held by an entry's fields. An error
-	// should wrap ErrInvalidEntry.
+	// should wrap ErrInvalidEntry. A nil message without an error is taken
+	// as an undecodable entry.
 	Unmarshal(fields map[string]any) (*message.Message, error)
+}
+
+// decodeEntry runs u on an entry's fields. A message without metadata gets
+// an empty map, and an Unmarshaler that returns neither a message nor an
+// error has the entry treated as undecodable rather than crashing the
+// subscription.
+func decodeEntry(u Unmarshaler, fields map[string]any) (*message.Message, error) {
+	msg, err := u.Unmarshal(fields)
+	switch {
+	case err != nil:
+		return nil, err
+	case msg == nil:
+		return nil, fmt.Errorf("%w: the Unmarshaler (%T) returned no message and no error", ErrInvalidEntry, u)
+	case msg.Metadata == nil:
+		msg.Metadata = make(message.Metadata)
+	}
+	return msg, nil
 }
 
 // DefaultMarshaler writes the UUID and the payload under [FieldUUID] and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	config.Retention = maps.Clone(config.Retention)
 	return &Publisher{config: config, logger: logger, combiners: combiners{client: config.Client}}, nil
 }
 
@@ -71,7 +73,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	retention, trim := p.config.Retention[topic]
 	minID := ""
 	if trim && retention.MaxAge > 0 {
-		minID = strconv.FormatInt(time.Now().Add(-retention.MaxAge).UnixMilli(), 10)
+		if oldest := time.Now().Add(-retention.MaxAge).UnixMilli(); oldest > 0 {
+			minID = strconv.FormatInt(oldest, 10)
+		} else {
+			trim = false // no entry is that old
+		}
 	}
 	for i, msg := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, msg)

@@ -155,6 +155,31 @@ func TestPublishRetention(t *testing.T) {
 	assert.Equal(t, fresh[0].UUID, entries[0].Values["uuid"])
 }
 
+// A MaxAge that reaches back before 1970 ("keep for a century") trims
+// nothing, and publishing works.
+func TestPublishRetentionOlderThanTheEpochTrimsNothing(t *testing.T) {
+	e := newEnv(t)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
+		Client:    e.client,
+		Retention: map[string]valkeystream.Retention{e.topic: {MaxAge: 100 * 365 * 24 * time.Hour}},
+	}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(e.topic, newMessages(3)...))
+	assert.Equal(t, int64(3), e.client.XLen(context.Background(), e.topic).Val())
+}
+
+// The Publisher keeps its own copy of Retention: the caller's later changes
+// to the map neither apply nor race with Publish.
+func TestPublisherKeepsItsOwnRetention(t *testing.T) {
+	e := newEnv(t)
+	retention := map[string]valkeystream.Retention{e.topic: {MaxLen: 1000}}
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client, Retention: retention}, nil)
+	require.NoError(t, err)
+	retention[e.topic] = valkeystream.Retention{MaxLen: 1}
+	require.NoError(t, pub.Publish(e.topic, newMessages(5)...))
+	assert.Equal(t, int64(5), e.client.XLen(context.Background(), e.topic).Val())
+}
+
 func TestPublishAfterClose(t *testing.T) {
 	e := newEnv(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)

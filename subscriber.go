@@ -66,11 +66,13 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 		return nil
 	}
 	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed {
+		s.mu.Unlock()
 		return ErrSubscriberClosed
 	}
+	s.wg.Add(1) // Close waits for the door before it may close the client
+	s.mu.Unlock()
+	defer s.wg.Done()
 	return s.openGroup(s.closing, s.config.KeyPrefix+topic)
 }
 
@@ -147,7 +149,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close stops every subscription, sends the Acks not sent yet, closes the
 // message channels and waits until every goroutine of the Subscriber has
-// returned. It closes the client only if CloseClient is set. Close may be
+// returned. It closes the client only if CloseClient is set.
+//
+// Close cannot interrupt a call in progress: a blocking read ends within
+// BlockTime, any other call within the client's own timeouts (ReadTimeout,
+// WriteTimeout and its retries; go-redis honours context deadlines only with
+// ContextTimeoutEnabled). The last Acks get 5 s when the client honours
+// deadlines, else the client's timeouts; Acks that do not reach the server
+// mean redeliveries, never loss. Close may be
 // called more than once and from several goroutines; each call returns after
 // the Subscriber has stopped.
 func (s *Subscriber) Close() error {

@@ -711,7 +711,25 @@ func TestFanOutDeliversEveryEntryToEverySubscriber(t *testing.T) {
 	assert.Equal(t, more[0].UUID, again.UUID)
 	assert.Equal(t, 2, valkeystream.DeliveryCount(again))
 	again.Ack()
-	_, err := e.client.XInfoGroups(context.Background(), e.topic).Result()
+
+	// Group and consumer are empty in fan-out, whatever the publisher wrote
+	// under those keys (a message passed on by a poison queue, say).
+	passedOn := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	passedOn.Metadata.Set(valkeystream.MetadataGroup, "orders")
+	passedOn.Metadata.Set(valkeystream.MetadataConsumer, "host-a")
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(e.topic, passedOn))
+	got := receive(t, b)
+	require.Equal(t, more[0].UUID, got.UUID, "b has not read this one yet")
+	got.Ack()
+	got = receive(t, b)
+	require.Equal(t, passedOn.UUID, got.UUID)
+	assert.Empty(t, got.Metadata.Get(valkeystream.MetadataGroup))
+	assert.Empty(t, got.Metadata.Get(valkeystream.MetadataConsumer))
+	got.Ack()
+
+	_, err = e.client.XInfoGroups(context.Background(), e.topic).Result()
 	assert.NoError(t, err)
 	assert.Empty(t, e.client.XInfoGroups(context.Background(), e.topic).Val(), "fan-out creates no group")
 }
@@ -948,4 +966,47 @@ func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// sloppyUnmarshaler returns neither a message nor an error for entries whose
+// uuid is "nothing", and messages without a metadata map for the others.
+type sloppyUnmarshaler struct{}
+
+func (sloppyUnmarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
+	if fields[valkeystream.FieldUUID] == "nothing" {
+		return nil, nil
+	}
+	msg, err := valkeystream.DefaultMarshaler{}.Unmarshal(fields)
+	if msg != nil {
+		msg.Metadata = nil
+	}
+	return msg, err
+}
+
+// A faulty Unmarshaler does not crash the subscription: an entry it returns
+// nothing for is undecodable (dead-lettered with a group), and a message
+// without a metadata map still gets the delivery metadata.
+func TestFaultyUnmarshalerDoesNotCrashTheSubscription(t *testing.T) {
+	ctx := context.Background()
+	for _, group := range []string{"g", ""} {
+		t.Run("group="+group, func(t *testing.T) {
+			e := newEnv(t)
+			require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic,
+				Values: []any{valkeystream.FieldUUID, "nothing", valkeystream.FieldPayload, ""}}).Err())
+			sent := e.publish(1)
+			sub := e.subscriber(group, "c", func(c *valkeystream.SubscriberConfig) { c.Unmarshaler = sloppyUnmarshaler{} })
+			got := receive(t, e.subscribe(sub))
+			assert.Equal(t, sent[0].UUID, got.UUID)
+			assert.Equal(t, 1, valkeystream.DeliveryCount(got))
+			assert.Equal(t, e.topic, got.Metadata.Get(valkeystream.MetadataStream))
+			got.Ack()
+			require.NoError(t, sub.Close())
+			assert.Equal(t, int64(1), sub.Stats().InvalidEntries)
+			if group != "" {
+				assert.Equal(t, int64(1), e.client.XLen(ctx, e.topic+valkeystream.DefaultDeadLetterSuffix).Val(),
+					"the entry is dead-lettered")
+				assert.Empty(t, e.pending(group))
+			}
+		})
+	}
 }

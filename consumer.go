@@ -369,14 +369,8 @@ func (l *groupLoop) decode(e *entry) (*message.Message, error) {
 
 func (l *groupLoop) prepare(e *entry) {
 	e.decoded = true
-	e.msg, e.decodeErr = decodeEntry(l.cfg.Unmarshaler, e.fields)
-	if e.decodeErr != nil {
-		return
-	}
-	e.msg.Metadata.Set(MetadataEntryID, e.id)
-	e.msg.Metadata.Set(MetadataStream, l.key)
-	e.msg.Metadata.Set(MetadataGroup, l.group)
-	e.msg.Metadata.Set(MetadataConsumer, l.consumer)
+	e.msg, e.decodeErr = decodeEntry(l.cfg.Unmarshaler, e.fields,
+		origin{stream: l.key, entryID: e.id, group: l.group, consumer: l.consumer})
 }
 
 // handedOver decodes the next queued entry while the handler works on the

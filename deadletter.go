@@ -258,8 +258,9 @@ func isFinalFailure(ctx context.Context, msg *message.Message, maxDeliveries int
 // deliveryKeys are the metadata keys a Subscriber sets on each delivery.
 var deliveryKeys = [...]string{MetadataDeliveryCount, MetadataEntryID, MetadataStream, MetadataGroup, MetadataConsumer}
 
-// origin is where a dead letter came from: what goes under the
-// MetadataOriginal* keys.
+// origin is where a message came from: its stream, entry id, group and
+// consumer go under the Metadata* keys on delivery (see decodeEntry), and all
+// of it under the MetadataOriginal* keys of a dead letter.
 type origin struct {
 	topic, stream, entryID, group, consumer, deliveryCount string
 }

@@ -42,7 +42,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 		m := l.queue[0]
 		l.queue = l.queue[1:]
 		for count := 1; ; count++ {
-			msg, err := decodeEntry(cfg.Unmarshaler, m.Values)
+			msg, err := decodeEntry(cfg.Unmarshaler, m.Values, origin{stream: l.key, entryID: m.ID})
 			if err != nil {
 				// A fan-out reader owns nothing it could move or acknowledge:
 				// the entry stays in the stream, for a person to look at.
@@ -52,10 +52,6 @@ func (l *fanOutLoop) run(ctx context.Context) {
 				break
 			}
 			msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
-			msg.Metadata.Set(MetadataEntryID, m.ID)
-			msg.Metadata.Set(MetadataStream, l.key)
-			msg.Metadata.Set(MetadataGroup, "")
-			msg.Metadata.Set(MetadataConsumer, "")
 			msgCtx, cancel := context.WithCancel(ctx)
 			msg.SetContext(msgCtx)
 			result := deliver(ctx, l.out, msg, nil, &l.sub.stats.delivered)

@@ -69,11 +69,12 @@ type Unmarshaler interface {
 	Unmarshal(fields map[string]any) (*message.Message, error)
 }
 
-// decodeEntry runs u on an entry's fields. A message without metadata gets
-// an empty map, and an Unmarshaler that returns neither a message nor an
-// error has the entry treated as undecodable rather than crashing the
-// subscription.
-func decodeEntry(u Unmarshaler, fields map[string]any) (*message.Message, error) {
+// decodeEntry runs u on an entry's fields and sets the keys that tell where
+// the message came from (from's stream, entry id, group and consumer; the
+// last two empty in fan-out), replacing any published under those names. An
+// Unmarshaler that returns neither a message nor an error has the entry
+// treated as undecodable rather than crashing the subscription.
+func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (*message.Message, error) {
 	msg, err := u.Unmarshal(fields)
 	switch {
 	case err != nil:
@@ -83,6 +84,10 @@ func decodeEntry(u Unmarshaler, fields map[string]any) (*message.Message, error)
 	case msg.Metadata == nil:
 		msg.Metadata = make(message.Metadata)
 	}
+	msg.Metadata.Set(MetadataStream, from.stream)
+	msg.Metadata.Set(MetadataEntryID, from.entryID)
+	msg.Metadata.Set(MetadataGroup, from.group)
+	msg.Metadata.Set(MetadataConsumer, from.consumer)
 	return msg, nil
 }
 

@@ -65,15 +65,23 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if s.config.ConsumerGroup == "" {
 		return nil
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.wg.Done() // Close waits for the door before it may close the client
+	return s.openGroup(s.closing, s.config.KeyPrefix+topic)
+}
+
+// begin registers work that Close must wait for (call s.wg.Done when it
+// ends), or returns ErrSubscriberClosed.
+func (s *Subscriber) begin() error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
 		return ErrSubscriberClosed
 	}
-	s.wg.Add(1) // Close waits for the door before it may close the client
-	s.mu.Unlock()
-	defer s.wg.Done()
-	return s.openGroup(s.closing, s.config.KeyPrefix+topic)
+	s.wg.Add(1)
+	return nil
 }
 
 // Subscribe starts a subscription to topic and returns its messages. With a
@@ -87,13 +95,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("valkeystream: subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrSubscriberClosed
+	if err := s.begin(); err != nil {
+		return nil, err
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
 
 	// The subscription's context ends with ctx or with Close, whichever
 	// comes first; the loop watches nothing else.

@@ -416,8 +416,16 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	sent := e.publish(3)
 	// Renewals every second. The claim beat runs once at the start and not
 	// again within the test, so nothing reclaims the entry from "other".
-	scripts := &scriptCounter{}
-	e.client.AddHook(scripts)
+	var scripts atomic.Int64 // script calls that have returned
+	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if isScript(cmd) {
+				scripts.Add(1)
+			}
+			return err
+		}
+	}))
 	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
@@ -427,8 +435,8 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
 	// The only scripts the loop runs here are renewals; the second to end
 	// after the XCLAIM started after it, and so has seen the new holder.
-	renewals := scripts.done.Load()
-	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.done.Load() >= renewals+2 })
+	renewals := scripts.Load()
+	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")
@@ -492,7 +500,15 @@ func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
 	lost := errors.New("connection lost")
 	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	client.AddHook(failScripts{err: lost})
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if isScript(cmd) {
+				cmd.SetErr(lost)
+				return lost
+			}
+			return next(ctx, cmd)
+		}
+	}))
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: client, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
 	require.NoError(t, err)
@@ -502,24 +518,6 @@ func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
 	require.ErrorIs(t, err, lost)
 	assert.ErrorContains(t, err, "checking the subscription's scripts")
 	assert.NotContains(t, err.Error(), "refused", "no reply is not a refusal")
-}
-
-// failScripts fails every script call (EVALSHA, EVAL) with err before it is
-// sent.
-type failScripts struct{ err error }
-
-func (h failScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h failScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			cmd.SetErr(h.err)
-			return h.err
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h failScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
@@ -950,22 +948,19 @@ func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
 	require.NoError(t, sub.Close())
 }
 
-// scriptCounter counts the server-side script calls (EVALSHA, EVAL) that
-// have returned.
-type scriptCounter struct{ done atomic.Int64 }
+// processHook is a redis.Hook that wraps single commands and lets dials and
+// pipelines through.
+type processHook func(next redis.ProcessHook) redis.ProcessHook
 
-func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			h.done.Add(1)
-		}
-		return err
-	}
-}
-func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h processHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
+func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// isScript reports whether cmd runs a server-side script (EVALSHA, EVAL).
+func isScript(cmd redis.Cmder) bool {
+	return cmd.Name() == "evalsha" || cmd.Name() == "eval"
 }
 
 // sloppyUnmarshaler returns neither a message nor an error for entries whose

@@ -258,38 +258,6 @@ func isFinalFailure(ctx context.Context, msg *message.Message, maxDeliveries int
 // deliveryKeys are the metadata keys a Subscriber sets on each delivery.
 var deliveryKeys = [...]string{MetadataDeliveryCount, MetadataEntryID, MetadataStream, MetadataGroup, MetadataConsumer}
 
-// origin is where a message came from: its stream, entry id, group and
-// consumer go under the Metadata* keys on delivery (see decodeEntry), and all
-// of it under the MetadataOriginal* keys of a dead letter.
-type origin struct {
-	topic, stream, entryID, group, consumer, deliveryCount string
-}
-
-// deliveryOrigin reads the origin of a delivered message from the metadata the
-// Subscriber set and, for the topic, from the router's context ctx.
-func deliveryOrigin(ctx context.Context, msg *message.Message) origin {
-	return origin{
-		topic:         message.SubscribeTopicFromCtx(ctx),
-		stream:        msg.Metadata.Get(MetadataStream),
-		entryID:       msg.Metadata.Get(MetadataEntryID),
-		group:         msg.Metadata.Get(MetadataGroup),
-		consumer:      msg.Metadata.Get(MetadataConsumer),
-		deliveryCount: msg.Metadata.Get(MetadataDeliveryCount),
-	}
-}
-
-// stamp writes o and cause under the dead-letter keys of md, replacing what
-// those keys held.
-func (o origin) stamp(md message.Metadata, cause string) {
-	md[MetadataError] = cause
-	md[MetadataOriginalTopic] = o.topic
-	md[MetadataOriginalStream] = o.stream
-	md[MetadataOriginalEntryID] = o.entryID
-	md[MetadataOriginalGroup] = o.group
-	md[MetadataOriginalConsumer] = o.consumer
-	md[MetadataOriginalDeliveryCount] = o.deliveryCount
-}
-
 // invalidEntryRecord returns the dead letter of an entry that could not be
 // decoded, as a message that [DefaultMarshaler] writes and reads back
 // unchanged. Its UUID is the entry's uuid field when that is not empty, else

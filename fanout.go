@@ -31,7 +31,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 {
 			if err := l.fetch(ctx); err != nil {
-				if ctx.Err() != nil || !l.retries.fail(ctx, "reading entries", err, nil) {
+				if ctx.Err() != nil || !l.retries.fail(ctx, "reading entries", err, sleep) {
 					return
 				}
 				continue
@@ -54,7 +54,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 			msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
 			msgCtx, cancel := context.WithCancel(ctx)
 			msg.SetContext(msgCtx)
-			result := deliver(ctx, l.out, msg, nil, &l.sub.stats.delivered)
+			result := l.deliver(ctx, msg)
 			cancel()
 			if result == stopped || result == ackedThenStopped {
 				return
@@ -63,9 +63,27 @@ func (l *fanOutLoop) run(ctx context.Context) {
 				break
 			}
 			l.sub.stats.nacked.Add(1)
-			if !pause(ctx, cfg.NackResendDelay, nil) {
+			if !sleep(ctx, cfg.NackResendDelay) {
 				return
 			}
+		}
+	}
+}
+
+// deliver hands msg to the handler and waits until it is Acked or Nacked.
+func (l *fanOutLoop) deliver(ctx context.Context, msg *message.Message) outcome {
+	w := waits{out: l.out, msg: msg}
+	for {
+		switch w.next(ctx) {
+		case evSent:
+			l.sub.stats.delivered.Add(1)
+			w.sent()
+		case evAcked:
+			return acked
+		case evNacked:
+			return nacked
+		default:
+			return w.stopped()
 		}
 	}
 }

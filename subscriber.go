@@ -197,7 +197,7 @@ func (s *Subscriber) checkScripts(ctx context.Context, key string) error {
 	group, consumer := s.config.ConsumerGroup, s.config.Consumer
 	err := renewScript.Run(ctx, s.config.Client, []string{key}, group, consumer).Err()
 	if err == nil {
-		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1").Err()
+		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1", 0).Err()
 	}
 	if err == nil || errors.Is(err, redis.Nil) {
 		return nil

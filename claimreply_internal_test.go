@@ -74,4 +74,3 @@ func TestParseAutoClaimRejectsMalformedReplies(t *testing.T) {
 		assert.Error(t, err, name)
 	}
 }
-

@@ -109,3 +109,20 @@ func (l *fanOutLoop) fetch(ctx context.Context) error {
 	}
 	return nil
 }
+
+// fanOutStart resolves where a fan-out subscription begins. StartNew is turned
+// into the id of the last entry now, so that nothing added after Subscribe
+// returns is missed.
+func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error) {
+	if s.config.Start == StartHead {
+		return "0-0", nil
+	}
+	last, err := s.config.Client.XRevRangeN(ctx, key, "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("valkeystream: reading the last entry of stream %q to start a fan-out subscription: %w", key, err)
+	}
+	if len(last) == 0 {
+		return "0-0", nil
+	}
+	return last[0].ID, nil
+}

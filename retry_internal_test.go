@@ -16,4 +16,3 @@ func TestBackoffGrowsAndIsBounded(t *testing.T) {
 	}
 	assert.Greater(t, backoff(20), backoffMax*7/10)
 }
-

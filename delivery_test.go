@@ -1,0 +1,139 @@
+package valkeystream_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+)
+
+func TestDeliveryMetadata(t *testing.T) {
+	e := newEnv(t)
+	sent := message.NewMessage(watermill.NewUUID(), []byte("body"))
+	sent.Metadata.Set("trace", "abc")
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(e.topic, sent))
+
+	msgs := e.subscribe(e.subscriber("g", "worker-1"))
+	got := receive(t, msgs)
+	got.Ack()
+
+	entries, err := e.client.XRange(context.Background(), e.topic, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	assert.Equal(t, sent.UUID, got.UUID, "the UUID is the stored id, not the stream position")
+	assert.NotEqual(t, entries[0].ID, got.UUID)
+	assert.Equal(t, "body", string(got.Payload))
+	assert.Equal(t, "abc", got.Metadata.Get("trace"))
+	assert.Equal(t, 1, valkeystream.DeliveryCount(got))
+	assert.Equal(t, entries[0].ID, got.Metadata.Get(valkeystream.MetadataEntryID))
+	assert.Equal(t, e.topic, got.Metadata.Get(valkeystream.MetadataStream))
+	assert.Equal(t, "g", got.Metadata.Get(valkeystream.MetadataGroup))
+	assert.Equal(t, "worker-1", got.Metadata.Get(valkeystream.MetadataConsumer))
+}
+
+func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(2)
+	sub := e.subscriber("g", "c")
+	msgs := e.subscribe(sub)
+
+	for want := 1; want <= 3; want++ {
+		m := receive(t, msgs)
+		require.Equal(t, sent[0].UUID, m.UUID, "a nacked message must come back before newer ones")
+		require.Equal(t, want, valkeystream.DeliveryCount(m))
+		m.Nack()
+	}
+	m := receive(t, msgs)
+	require.Equal(t, sent[0].UUID, m.UUID)
+	assert.Equal(t, 4, valkeystream.DeliveryCount(m))
+	p := e.pending("g")
+	require.Len(t, p, 2, "both entries are pending while the first is handled")
+	assert.Equal(t, int64(4), p[0].RetryCount, "the metadata count is the server's count")
+	m.Ack()
+
+	m = receive(t, msgs)
+	assert.Equal(t, sent[1].UUID, m.UUID)
+	assert.Equal(t, 1, valkeystream.DeliveryCount(m))
+	m.Ack()
+
+	require.NoError(t, sub.Close())
+	assert.Empty(t, e.pending("g"), "Close must flush every Ack")
+	assert.Equal(t, int64(3), sub.Stats().Nacked)
+}
+
+func TestNackResendDelay(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.NackResendDelay = 300 * time.Millisecond
+	}))
+	m := receive(t, msgs)
+	nackedAt := time.Now()
+	m.Nack()
+	again := receive(t, msgs)
+	assert.GreaterOrEqual(t, time.Since(nackedAt), 300*time.Millisecond, "a delay is a lower bound")
+	assert.Equal(t, 2, valkeystream.DeliveryCount(again))
+	again.Ack()
+}
+
+func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	e.publish(1)
+	msgs := e.subscribe(e.subscriber("g", "c"))
+	m := receive(t, msgs)
+	id := m.Metadata.Get(valkeystream.MetadataEntryID)
+	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{
+		Stream: e.topic, Group: "g", Consumer: "other", Messages: []string{id}}).Err())
+	m.Nack()
+	expectNothing(t, msgs, 500*time.Millisecond)
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "other", p[0].Consumer, "a Nack must not take the entry back from its new holder")
+}
+
+func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(2)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.NackResendDelay = 4 * time.Second
+		// Long enough that the Ack is still waiting when the Nack comes.
+		c.AckFlushInterval = time.Second
+	})
+	msgs := e.subscribe(sub)
+	m := receive(t, msgs)
+	require.Equal(t, sent[0].UUID, m.UUID)
+	m.Ack()
+	m = receive(t, msgs)
+	require.Equal(t, sent[1].UUID, m.UUID)
+	m.Nack()
+	// Well before the delay ends, the first Ack has reached the server.
+	require.Eventually(t, func() bool { return len(e.pending("g")) == 1 }, 3*time.Second, 20*time.Millisecond,
+		"an Ack must not wait for another message's NackResendDelay")
+	again := receive(t, msgs)
+	assert.Equal(t, sent[1].UUID, again.UUID)
+	assert.Equal(t, 2, valkeystream.DeliveryCount(again))
+	again.Ack()
+}
+
+func TestMessageContextEndsWhenSettled(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	m := receive(t, e.subscribe(e.subscriber("g", "c")))
+	require.NoError(t, m.Context().Err())
+	m.Ack()
+	select {
+	case <-m.Context().Done():
+	case <-time.After(receiveTimeout):
+		t.Fatal("the message context was not cancelled after Ack")
+	}
+}

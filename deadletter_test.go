@@ -542,3 +542,28 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 		assert.ErrorContains(t, err, fmt.Sprintf("maxDeliveries is %d", n))
 	}
 }
+
+// A DeadLetterConfig.Suffix equal to the Subscriber's DeadLetterSuffix puts
+// both kinds of dead letter of a topic in one stream.
+func TestDeadLetterSuffixFollowsTheSubscriber(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	const suffix = ":failed"
+	require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Err())
+	failing := message.NewMessage(watermill.NewUUID(), []byte("order 8"))
+	require.NoError(t, e.publisher().Publish(e.topic, failing))
+
+	sub := e.subscriber("g", "worker", fastRedelivery, func(c *valkeystream.SubscriberConfig) { c.DeadLetterSuffix = suffix })
+	e.runRouter(sub, func(*message.Message) error { return errors.New("card declined") },
+		e.deadLetter(valkeystream.DeadLetterConfig{Publisher: e.publisher(), MaxDeliveries: 1, Suffix: suffix}))
+
+	waitUntil(t, "both dead-lettered and acknowledged", func() bool {
+		return len(e.stored(e.topic+suffix)) == 2 && e.pendingCount(e.topic, "g") == 0
+	})
+	errs := []string{}
+	for _, m := range e.stored(e.topic + suffix) {
+		errs = append(errs, m.Metadata.Get(valkeystream.MetadataError))
+	}
+	assert.Contains(t, errs, "card declined")
+	assert.Zero(t, e.client.Exists(ctx, e.topic+valkeystream.DefaultDeadLetterSuffix).Val(), "nothing goes to the default suffix")
+}

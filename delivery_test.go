@@ -137,3 +137,21 @@ func TestMessageContextEndsWhenSettled(t *testing.T) {
 		t.Fatal("the message context was not cancelled after Ack")
 	}
 }
+
+// With AckAtOnce each Ack reaches the server before the next message is
+// handed over, though the loop holds the rest of its batch.
+func TestAcksAtOnce(t *testing.T) {
+	e := newEnv(t)
+	e.publish(3)
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.AckFlushInterval = valkeystream.AckAtOnce
+		c.ClaimMinIdle = time.Hour // no renewal sends the Acks
+	}))
+	for i := range 3 {
+		m := receive(t, msgs)
+		// Batched Acks would be sent only after the next hand-over.
+		require.Len(t, e.pending("g"), 3-i, "pending entries when message %d is handed over", i)
+		m.Ack()
+	}
+	waitUntil(t, "the last Ack is on the server", func() bool { return len(e.pending("g")) == 0 })
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -355,4 +356,27 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// commandCounter returns a client of e's server that counts the commands
+// named name (lower case, such as "xautoclaim") sent through it, and the
+// count. Pipelined commands are not counted.
+func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
+	e.t.Helper()
+	c := newClient(e.t, e.srv)
+	var n atomic.Int64
+	c.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == name {
+				n.Add(1)
+			}
+			return next(ctx, cmd)
+		}
+	}))
+	return c, &n
+}
+
+// onClient makes a Subscriber use client.
+func onClient(client *redis.Client) func(*valkeystream.SubscriberConfig) {
+	return func(c *valkeystream.SubscriberConfig) { c.Client = client }
 }

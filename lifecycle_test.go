@@ -75,8 +75,7 @@ func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
 			defer wg.Done()
 			msgs, err := sub.Subscribe(context.Background(), fmt.Sprintf("%s-%d", e.topic, i))
 			if err != nil {
-				assert.True(t, errors.Is(err, valkeystream.ErrSubscriberClosed) || errors.Is(err, context.Canceled),
-					"unexpected error: %v", err)
+				assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
 				return
 			}
 			for range msgs { //nolint:revive // drain until closed
@@ -209,5 +208,45 @@ func TestAckJustBeforeCloseIsSent(t *testing.T) {
 		m.Ack()
 		require.NoError(t, sub.Close())
 		require.Empty(t, e.pending("g"), "round %d: an Ack made before Close must reach the server", i)
+	}
+}
+
+// A Close that ends a Subscribe still running its door makes that Subscribe
+// return ErrSubscriberClosed, not the door's cancelled call.
+func TestCloseDuringSubscribeReturnsErrSubscriberClosed(t *testing.T) {
+	e := newEnv(t)
+	client := newClient(t, e.srv)
+	inDoor := make(chan struct{})
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() != "xgroup" {
+				return next(ctx, cmd)
+			}
+			close(inDoor)
+			<-ctx.Done() // held until Close cancels the subscription
+			return ctx.Err()
+		}
+	}))
+	sub := e.subscriber("g", "c", onClient(client))
+	done := make(chan error, 1)
+	go func() {
+		_, err := sub.Subscribe(context.Background(), e.topic)
+		done <- err
+	}()
+	<-inDoor
+	require.NoError(t, sub.Close())
+	err := <-done
+	assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
+	var doorErr *valkeystream.GroupCreateError
+	assert.False(t, errors.As(err, &doorErr), "got %v, want no door error", err)
+}
+
+func TestSubscribeInitializeAfterClose(t *testing.T) {
+	e := newEnv(t)
+	for _, group := range []string{"g", ""} {
+		sub := e.subscriber(group, "c")
+		require.NoError(t, sub.SubscribeInitialize(e.topic))
+		require.NoError(t, sub.Close())
+		assert.ErrorIs(t, sub.SubscribeInitialize(e.topic), valkeystream.ErrSubscriberClosed, "group %q", group)
 	}
 }

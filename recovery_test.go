@@ -71,11 +71,16 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 	e.publish(1)
 	holder := e.subscriber("g", "holder", leaseClaim)
 	m := receive(t, e.subscribe(holder))
-	peer := e.subscriber("g", "peer", leaseClaim)
+	peerClient, claims := e.commandCounter("xautoclaim")
+	peer := e.subscriber("g", "peer", leaseClaim, onClient(peerClient))
 	peerGot := collect(t, e.subscribe(peer))
 
-	// Handle for twice ClaimMinIdle while the peer's beat runs.
-	time.Sleep(2 * 1500 * time.Millisecond)
+	// Handle for twice ClaimMinIdle while the peer's beat runs, and make
+	// sure it ran once the entry could have looked abandoned.
+	time.Sleep(1500 * time.Millisecond)
+	afterMinIdle := claims.Load()
+	time.Sleep(1500 * time.Millisecond)
+	waitUntil(t, "a claim beat of the peer after ClaimMinIdle", func() bool { return claims.Load() > afterMinIdle })
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "holder", p[0].Consumer, "a live handler's entry must not be reclaimed")
@@ -92,7 +97,10 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	slow := e.subscriber("g", "slow", leaseClaim)
 	msgs := e.subscribe(slow)
 	first := receive(t, msgs) // the loop has fetched all ten in one batch
-	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim)))
+	peerClient, claims := e.commandCounter("xautoclaim")
+	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim, onClient(peerClient))))
+	start := time.Now()
+	var afterMinIdle int64 = -1 // the peer's claims when ClaimMinIdle had passed
 
 	const handling = 350 * time.Millisecond // ten of these outlast ClaimMinIdle twice
 	got := []string{first.UUID}
@@ -103,8 +111,13 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 		assert.Equal(t, 1, valkeystream.DeliveryCount(m), "a queued entry is still on its first delivery")
 		got = append(got, m.UUID)
 		time.Sleep(handling)
+		if afterMinIdle < 0 && time.Since(start) > 1500*time.Millisecond {
+			afterMinIdle = claims.Load()
+		}
 		m.Ack()
 	}
+	require.GreaterOrEqual(t, afterMinIdle, int64(0), "the batch outlasted ClaimMinIdle")
+	waitUntil(t, "a claim beat of the peer after ClaimMinIdle", func() bool { return claims.Load() > afterMinIdle })
 	require.NoError(t, slow.Close())
 	assert.Equal(t, uuidsOf(sent), got)
 	assert.Empty(t, peerGot(), "entries waiting in a batch must not go to a peer")
@@ -164,4 +177,73 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	require.NoError(t, sub.Close())
 	assert.Equal(t, int64(1), sub.Stats().MissingBodies)
 	assert.Empty(t, e.pending("g"))
+}
+
+// An entry waiting to be handed over that a renewal finds held by another
+// consumer is not delivered: that consumer delivers it.
+func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(2)
+	var scripts atomic.Int64 // script calls that have returned
+	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if isScript(cmd) {
+				scripts.Add(1)
+			}
+			return err
+		}
+	}))
+	// Renewals every second; the claim beat runs once at the start only.
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.ClaimMinIdle = 3 * time.Second
+		c.ClaimInterval = time.Hour
+	}))
+	// Nobody takes the first message yet: the loop holds it, waiting to hand
+	// it over, and the second in its queue.
+	waitUntil(t, "both entries fetched", func() bool { return len(e.pending("g")) == 2 })
+	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
+		Messages: []string{receiveEntryID(t, e, sent[0].UUID)}}).Err())
+	// The second renewal to end after the XCLAIM started after it.
+	renewals := scripts.Load()
+	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
+	m := receive(t, msgs)
+	assert.Equal(t, sent[1].UUID, m.UUID, "the entry another consumer took over is not handed over")
+	m.Ack()
+	expectNothing(t, msgs, 300*time.Millisecond)
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "other", p[0].Consumer)
+}
+
+// With NoReclaim a subscription never claims: the entries of a consumer
+// that left stay pending for it, however long they are idle.
+func TestNoReclaimNeverClaims(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	gone := e.subscriber("g", "gone")
+	receive(t, e.subscribe(gone))
+	require.NoError(t, gone.Close())
+
+	client, claims := e.commandCounter("xautoclaim")
+	reads := new(atomic.Int64)
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "xreadgroup" {
+				reads.Add(1)
+			}
+			return next(ctx, cmd)
+		}
+	}))
+	msgs := e.subscribe(e.subscriber("g", "peer", shortClaim, onClient(client),
+		func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = valkeystream.NoReclaim }))
+	// Twenty blocking reads of 50 ms outlast ClaimMinIdle (300 ms) and many
+	// beats of ClaimInterval as shortClaim sets it.
+	waitUntil(t, "twenty reads", func() bool { return reads.Load() >= 20 })
+	expectNothing(t, msgs, 100*time.Millisecond)
+	assert.Equal(t, int64(0), claims.Load(), "XAUTOCLAIM calls")
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "gone", p[0].Consumer)
 }

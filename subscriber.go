@@ -177,16 +177,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close stops every subscription, sends the Acks not sent yet, closes the
 // message channels and waits until every goroutine of the Subscriber has
-// returned. It closes the client only if CloseClient is set.
-//
-// Close cannot interrupt a call in progress: a blocking read ends within
-// BlockTime, any other call within the client's own timeouts (ReadTimeout,
-// WriteTimeout and its retries; go-redis honours context deadlines only with
-// ContextTimeoutEnabled). The last Acks get 5 s when the client honours
-// deadlines, else the client's timeouts; Acks that do not reach the server
-// mean redeliveries, never loss. Close may be
+// returned. It closes the client only if CloseClient is set. It may be
 // called more than once and from several goroutines; each call returns after
-// the Subscriber has stopped.
+// the Subscriber has stopped. It cannot interrupt a call in progress, so how
+// long it takes depends on BlockTime and the client's timeouts: the bound is
+// stated in docs/design.md ("Close"). Acks that do not reach the server mean
+// redeliveries, never loss.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	s.closed = true

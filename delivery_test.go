@@ -89,13 +89,18 @@ func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	e.publish(1)
-	msgs := e.subscribe(e.subscriber("g", "c"))
+	client, scripts := e.commandCounter("evalsha")
+	msgs := e.subscribe(e.subscriber("g", "c", onClient(client)))
 	m := receive(t, msgs)
 	id := m.Metadata.Get(valkeystream.MetadataEntryID)
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{
 		Stream: e.topic, Group: "g", Consumer: "other", Messages: []string{id}}).Err())
+	before := scripts.Load()
 	m.Nack()
-	expectNothing(t, msgs, 500*time.Millisecond)
+	// The only script the loop runs here is the Nack claim (renewals come
+	// every ClaimMinIdle/3 = 10 s).
+	waitUntil(t, "the Nack claim ran", func() bool { return scripts.Load() > before })
+	expectNothing(t, msgs, 100*time.Millisecond)
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "other", p[0].Consumer, "a Nack must not take the entry back from its new holder")

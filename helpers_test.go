@@ -359,18 +359,19 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // commandCounter returns a client of e's server that counts the commands
-// named name (lower case, such as "xautoclaim") sent through it, and the
-// count. Pipelined commands are not counted.
+// named name (lower case, such as "xautoclaim") sent through it that have
+// returned, and the count. Pipelined commands are not counted.
 func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
 	e.t.Helper()
 	c := newClient(e.t, e.srv)
 	var n atomic.Int64
 	c.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
 			if cmd.Name() == name {
 				n.Add(1)
 			}
-			return next(ctx, cmd)
+			return err
 		}
 	}))
 	return c, &n

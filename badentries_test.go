@@ -49,6 +49,11 @@ func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
 	// batch was delivered, on every server: Redis 7 and Valkey report its id,
 	// Redis 6.2 a bare null, and the loop then sweeps its own pending list.
 	assert.Equal(t, int64(1), peer.Stats().MissingBodies, "the bodiless entry is settled before the batch is delivered")
+	for _, p := range e.pending("g") {
+		if p.ID == m.Metadata.Get(valkeystream.MetadataEntryID) {
+			assert.Equal(t, int64(valkeystream.DeliveryCount(m)), p.RetryCount, "the delivered count is the server's")
+		}
+	}
 	// The body of a nacked entry vanishes before it is delivered again.
 	require.NoError(t, e.client.XDel(ctx, e.topic, m.Metadata.Get(valkeystream.MetadataEntryID)).Err())
 	m.Nack()

@@ -163,18 +163,35 @@ func (l *groupLoop) drain(ctx context.Context) error {
 
 // sweep acknowledges the own pending entries whose bodies are gone, which a
 // claim reported as nulls without their ids (Redis 6.2): they are pending for
-// this consumer now. The entries with bodies are the claimed batch, queued
-// already.
+// this consumer now. It lists the pending entries with XPENDING and asks the
+// renewal script which bodies are gone, so no delivery count grows; the
+// entries with bodies are the claimed batch, queued already.
 func (l *groupLoop) sweep(ctx context.Context) error {
-	msgs, err := l.readOwn(ctx)
+	pending, err := l.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: l.key, Group: l.group, Consumer: l.consumer,
+		Start: l.plan.sweepFrom, End: "+", Count: l.cfg.BatchSize,
+	}).Result()
 	if err != nil {
 		return fmt.Errorf("sweeping own pending entries: %w", err)
 	}
-	for _, m := range msgs {
-		if m.Values == nil {
-			l.reportMissing(m.ID, true)
+	if len(pending) == 0 {
+		l.plan.swept("")
+		return nil
+	}
+	ids := make([]string, len(pending))
+	for i, p := range pending {
+		ids[i] = p.ID
+	}
+	counts, err := l.hold(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("sweeping own pending entries: %w", err)
+	}
+	for i, n := range counts {
+		if n < 0 {
+			l.reportMissing(ids[i], true)
 		}
 	}
+	l.plan.swept("(" + ids[len(ids)-1])
 	return nil
 }
 

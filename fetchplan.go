@@ -9,9 +9,10 @@ const (
 	// stepDrain reads the consumer's own pending entries from a cursor
 	// (XREADGROUP ... <id>), after a start or a fault.
 	stepDrain step = iota + 1
-	// stepSweep reads the own pending entries only to acknowledge those
-	// whose bodies are gone, right after a claim reported such entries
-	// without their ids (Redis 6.2), before the claimed batch is delivered.
+	// stepSweep lists the own pending entries (XPENDING) only to
+	// acknowledge those whose bodies are gone, right after a claim reported
+	// such entries without their ids (Redis 6.2), before the claimed batch is
+	// delivered. Unlike a drain it grows no delivery count.
 	stepSweep
 	// stepClaim reclaims idle entries of other consumers (XAUTOCLAIM).
 	stepClaim
@@ -26,8 +27,9 @@ const (
 // nothing: the loop runs the step and reports back.
 type fetchPlan struct {
 	draining  bool   // the own pending list is being drained
-	drainFrom string // cursor of the drain or the sweep
+	drainFrom string // cursor of the drain (an id, read after)
 	sweeping  bool   // bodiless entries were claimed; sweep before delivering
+	sweepFrom string // cursor of the sweep (an XPENDING range start)
 	claimFrom string // cursor of XAUTOCLAIM
 	nextClaim time.Time
 	every     time.Duration // the claim beat; negative: never claim
@@ -57,19 +59,24 @@ func (p *fetchPlan) next(now time.Time) step {
 // holds: a sweep cannot wait for the queue to empty.
 func (p *fetchPlan) mustFetch() bool { return p.sweeping }
 
-// drained records a drain or sweep that returned entries up to last, or
-// nothing (last == ""), which ends it.
+// drained records a drain that returned entries up to last, or nothing
+// (last == ""), which ends it.
 func (p *fetchPlan) drained(last string) {
 	if last != "" {
 		p.drainFrom = last
 		return
 	}
-	p.drainFrom = "0"
-	if p.sweeping {
-		p.sweeping = false
+	p.drainFrom, p.draining = "0", false
+}
+
+// swept records a sweep that goes on from next, or that listed everything
+// (next == ""), which ends it.
+func (p *fetchPlan) swept(next string) {
+	if next != "" {
+		p.sweepFrom = next
 		return
 	}
-	p.draining = false
+	p.sweepFrom, p.sweeping = "", false
 }
 
 // claimed records a claim that answered cursor next and reported nulls
@@ -82,7 +89,7 @@ func (p *fetchPlan) claimed(next string, nulls int, now time.Time) {
 		p.nextClaim = now.Add(p.every)
 	}
 	if nulls > 0 {
-		p.sweeping, p.drainFrom = true, "0"
+		p.sweeping, p.sweepFrom = true, "-"
 	}
 }
 

@@ -34,9 +34,9 @@ func TestFetchPlan(t *testing.T) {
 		}},
 		{"bodiless claimed entries are swept before anything else", beat, []check{
 			{do: func(p *fetchPlan) { p.drained("") }, want: stepClaim},
-			{do: func(p *fetchPlan) { p.claimed("0-0", 2, t0) }, want: stepSweep, from: "0"},
-			{do: func(p *fetchPlan) { p.drained("3-0") }, want: stepSweep, from: "3-0"},
-			{do: func(p *fetchPlan) { p.drained("") }, want: stepRead},
+			{do: func(p *fetchPlan) { p.claimed("0-0", 2, t0) }, want: stepSweep, from: "-"},
+			{do: func(p *fetchPlan) { p.swept("(3-0") }, want: stepSweep, from: "(3-0"},
+			{do: func(p *fetchPlan) { p.swept("") }, want: stepRead},
 		}},
 		{"a fault drains again from the start", beat, []check{
 			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 0, t0) }, want: stepRead},
@@ -44,7 +44,7 @@ func TestFetchPlan(t *testing.T) {
 			{do: func(p *fetchPlan) { p.drained("") }, want: stepRead},
 		}},
 		{"a fault during a sweep drains from the start", beat, []check{
-			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 1, t0); p.drained("4-0") }, want: stepSweep, from: "4-0"},
+			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 1, t0); p.swept("(4-0") }, want: stepSweep, from: "(4-0"},
 			{do: func(p *fetchPlan) { p.restart() }, want: stepDrain, from: "0"},
 		}},
 		{"no claim beat never claims", -1, []check{
@@ -65,8 +65,10 @@ func TestFetchPlan(t *testing.T) {
 				}
 				var from string
 				switch got {
-				case stepDrain, stepSweep:
+				case stepDrain:
 					from = p.drainFrom
+				case stepSweep:
+					from = p.sweepFrom
 				case stepClaim:
 					from = p.claimFrom
 				}

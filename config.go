@@ -32,6 +32,14 @@ const (
 	// messages to the original topic plus this suffix unless told otherwise,
 	// so both kinds of dead letter of topic "orders" land in "orders.dead".
 	DefaultDeadLetterSuffix = ".dead"
+	// DefaultNackBackoffMin is, with the default NackResendDelay, the wait
+	// before a message Nacked on its first delivery is delivered again. The
+	// wait doubles with each delivery, as the server counts them, up to
+	// NackBackoffMax.
+	DefaultNackBackoffMin = 100 * time.Millisecond
+	// DefaultNackBackoffMax caps the wait before a Nacked message is
+	// delivered again, with the default NackResendDelay.
+	DefaultNackBackoffMax = 10 * time.Second
 )
 
 // Sentinels for the fields where zero means the default and "off" or "at
@@ -188,11 +196,18 @@ type SubscriberConfig struct {
 	ClaimMinIdle time.Duration
 
 	// NackResendDelay is how long a Nacked message waits before it is
-	// delivered again, or NackAtOnce (-1) not to wait. Acks and hold
-	// renewals go on meanwhile. Default (0): at once; a handler that always
-	// fails then retries at network speed, so set a delay, or use
-	// Watermill's middleware.Retry and [DeadLetter].
+	// delivered again: a positive value is a fixed wait, NackAtOnce (-1)
+	// does not wait. Acks and hold renewals go on meanwhile. Default (0): a
+	// backoff that grows with the delivery count, so that a handler that
+	// always fails does not spin: DefaultNackBackoffMin after the first
+	// delivery, doubling with each one (200 ms after the second, 400 ms after
+	// the third, ...), up to NackBackoffMax. To give up on a message, use
+	// [DeadLetter].
 	NackResendDelay time.Duration
+
+	// NackBackoffMax caps the growing wait of the default NackResendDelay;
+	// it is not used with a fixed one. Default: DefaultNackBackoffMax.
+	NackBackoffMax time.Duration
 
 	// AckFlushInterval bounds how long an Ack may wait to be sent together
 	// with later ones, or AckAtOnce (-1) to send each Ack on its own as soon
@@ -237,6 +252,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.ClaimMinIdle == 0 {
 		c.ClaimMinIdle = DefaultClaimMinIdle
 	}
+	if c.NackBackoffMax == 0 {
+		c.NackBackoffMax = DefaultNackBackoffMax
+	}
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
 	}
@@ -271,6 +289,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries), or NoReclaim (-1)", ErrInvalidConfig, c.ClaimInterval)
 	case c.NackResendDelay < 0 && c.NackResendDelay != NackAtOnce:
 		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
+	case c.NackBackoffMax < 0:
+		return fmt.Errorf("%w: NackBackoffMax is %s: it must be positive, or 0 (the default)", ErrInvalidConfig, c.NackBackoffMax)
 	case c.AckFlushInterval < 0 && c.AckFlushInterval != AckAtOnce:
 		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive, 0 (the default) or AckAtOnce (-1)", ErrInvalidConfig, c.AckFlushInterval)
 	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:

@@ -54,6 +54,7 @@ type groupLoop struct {
 	acks    ackBatch
 	lease   lease
 	retries retries
+	nackLog logLimit
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -70,8 +71,12 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		acks:     newAckBatch(s.config.AckFlushInterval),
 		lease:    newLease(s.config.ClaimMinIdle),
 		retries:  retries{sub: s, logger: logger},
+		nackLog:  logLimit{every: nackLogEvery},
 	}
 }
+
+// nackLogEvery bounds how often a subscription logs Nacks at Info level.
+const nackLogEvery = 10 * time.Second
 
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
@@ -370,9 +375,15 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		l.sub.stats.nacked.Add(1)
-		l.logger.Trace("Message nacked, delivering it again", watermill.LogFields{
-			"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count})
-		next, ok := l.redeliver(ctx, e)
+		delay := nackDelay(l.cfg, e.count)
+		fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
+		if ok, held := l.nackLog.allow(time.Now()); ok {
+			fields["nacks_not_logged"] = held
+			l.logger.Info("Message nacked; delivering it again after a delay", fields)
+		} else {
+			l.logger.Trace("Message nacked; delivering it again after a delay", fields)
+		}
+		next, ok := l.redeliver(ctx, e, delay)
 		if !ok {
 			return false
 		}
@@ -464,11 +475,11 @@ func (l *groupLoop) decodeNext() {
 	}
 }
 
-// redeliver claims a Nacked entry again for this consumer, which grows its
-// delivery count, and returns it with the new count, or nil when it is not
+// redeliver waits delay, then claims a Nacked entry again for this consumer,
+// which grows its delivery count, and returns it with the new count, or nil when it is not
 // this consumer's to deliver any more.
-func (l *groupLoop) redeliver(ctx context.Context, e entry) (*entry, bool) {
-	if !l.pause(ctx, l.cfg.NackResendDelay) {
+func (l *groupLoop) redeliver(ctx context.Context, e entry, delay time.Duration) (*entry, bool) {
+	if !l.pause(ctx, delay) {
 		return nil, false
 	}
 	for {

@@ -2,6 +2,8 @@ package valkeystream_test
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,4 +161,58 @@ func TestAcksAtOnce(t *testing.T) {
 		m.Ack()
 	}
 	waitUntil(t, "the last Ack is on the server", func() bool { return len(e.pending("g")) == 0 })
+}
+
+// infoCounter counts the Info lines whose message contains substr and passes
+// every line on to the test logger.
+type infoCounter struct {
+	watermill.LoggerAdapter
+	substr string
+	n      *atomic.Int64
+}
+
+func (l infoCounter) Info(msg string, fields watermill.LogFields) {
+	if strings.Contains(msg, l.substr) {
+		l.n.Add(1)
+	}
+	l.LoggerAdapter.Info(msg, fields)
+}
+
+func (l infoCounter) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return infoCounter{LoggerAdapter: l.LoggerAdapter.With(fields), substr: l.substr, n: l.n}
+}
+
+// With the defaults, a handler that always fails does not spin: the wait
+// before each redelivery doubles from DefaultNackBackoffMin with the
+// server's delivery count, and the Nacks are logged at a bounded rate.
+func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	logged := infoCounter{LoggerAdapter: testLogger(), substr: "nacked", n: new(atomic.Int64)}
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: e.client, ConsumerGroup: "g", Consumer: "c", Start: valkeystream.StartHead,
+	}, logged)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs := e.subscribe(sub)
+
+	const deliveries = 5
+	var at []time.Time
+	for i := 1; i <= deliveries; i++ {
+		m := receive(t, msgs)
+		at = append(at, time.Now())
+		require.Equal(t, i, valkeystream.DeliveryCount(m))
+		m.Nack()
+	}
+	for i := 1; i < deliveries; i++ {
+		// Waits only grow on a loaded machine, so a lower bound holds.
+		want := valkeystream.DefaultNackBackoffMin << (i - 1)
+		assert.GreaterOrEqual(t, at[i].Sub(at[i-1]), want, "wait before delivery %d", i+1)
+	}
+	elapsed := at[deliveries-1].Sub(at[0])
+	rate := float64(deliveries-1) / elapsed.Seconds()
+	assert.Less(t, rate, 20.0, "redeliveries per second")
+	t.Logf("%d redeliveries in %s (%.1f/s)", deliveries-1, elapsed, rate)
+	// One Info line per 10 s at most: here, the first Nack's.
+	assert.Equal(t, int64(1), logged.n.Load(), "Nacks logged at Info level")
 }

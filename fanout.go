@@ -63,7 +63,7 @@ func (l *fanOutLoop) run(ctx context.Context) {
 				break
 			}
 			l.sub.stats.nacked.Add(1)
-			if !sleep(ctx, cfg.NackResendDelay) {
+			if !sleep(ctx, nackDelay(cfg, int64(count))) {
 				return
 			}
 		}

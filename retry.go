@@ -57,3 +57,40 @@ func backoff(attempt int) time.Duration {
 	d = min(d, backoffMax)
 	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
+
+// nackDelay returns how long an entry Nacked on delivery number count waits
+// before it is delivered again (see SubscriberConfig.NackResendDelay).
+func nackDelay(cfg *SubscriberConfig, count int64) time.Duration {
+	switch {
+	case cfg.NackResendDelay > 0:
+		return cfg.NackResendDelay
+	case cfg.NackResendDelay < 0:
+		return 0
+	}
+	d := DefaultNackBackoffMin
+	for i := int64(1); i < count && d < cfg.NackBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, cfg.NackBackoffMax)
+}
+
+// logLimit lets one log line through per period and counts the lines it
+// holds back, so that a failure repeated many times is logged at a bounded
+// rate.
+type logLimit struct {
+	every      time.Duration
+	next       time.Time
+	suppressed int
+}
+
+// allow reports whether a line may be logged at now, and how many were held
+// back since the last one that was.
+func (l *logLimit) allow(now time.Time) (ok bool, suppressed int) {
+	if now.Before(l.next) {
+		l.suppressed++
+		return false, 0
+	}
+	suppressed, l.suppressed = l.suppressed, 0
+	l.next = now.Add(l.every)
+	return true, suppressed
+}

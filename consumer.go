@@ -94,7 +94,11 @@ func (l *groupLoop) run(ctx context.Context) {
 		}
 		e := l.queue[0]
 		l.queue = l.queue[1:]
-		if !l.handle(ctx, e) {
+		l.sub.stats.readAhead.Add(-1)
+		l.sub.stats.inFlight.Add(1)
+		ok := l.handle(ctx, e)
+		l.sub.stats.inFlight.Add(-1)
+		if !ok {
 			return
 		}
 	}
@@ -286,6 +290,7 @@ func (l *groupLoop) enqueueNew(streams []redis.XStream) int {
 			n++
 		}
 	}
+	l.sub.stats.readAhead.Add(int64(n))
 	return n
 }
 
@@ -304,6 +309,7 @@ func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage
 	}
 	kept := l.admit(entries, counts)
 	l.queue = append(l.queue, kept...)
+	l.sub.stats.readAhead.Add(int64(len(kept)))
 	return len(kept), nil
 }
 
@@ -559,7 +565,9 @@ func (l *groupLoop) renew(ctx context.Context) (inFlightTaken bool) {
 		}
 		counts = counts[1:]
 	}
+	held := len(l.queue)
 	l.queue = l.admit(l.queue, counts)
+	l.sub.stats.readAhead.Add(int64(len(l.queue) - held))
 	return inFlightTaken
 }
 
@@ -641,6 +649,7 @@ func (l *groupLoop) settleAcks(cmd *redis.IntCmd) error {
 }
 
 func (l *groupLoop) flushOnExit() {
+	l.sub.stats.readAhead.Add(-int64(len(l.queue)))
 	l.acks.stop()
 	l.lease.stop()
 	if l.acks.len() == 0 {

@@ -216,3 +216,30 @@ func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
 	// One Info line per 10 s at most: here, the first Nack's.
 	assert.Equal(t, int64(1), logged.n.Load(), "Nacks logged at Info level")
 }
+
+// Stats' gauges show what XINFO cannot: how many of the entries pending for
+// this consumer wait in its queue, and which one a handler has.
+func TestStatsGaugesReadAheadAndInFlight(t *testing.T) {
+	for _, group := range []string{"g", ""} {
+		t.Run("group="+group, func(t *testing.T) {
+			e := newEnv(t)
+			e.publish(10)
+			sub := e.subscriber(group, "c", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
+			msgs := e.subscribe(sub)
+			m := receive(t, msgs)
+			gauges := func() [2]int64 { s := sub.Stats(); return [2]int64{s.ReadAhead, s.InFlight} }
+			waitUntil(t, "9 read ahead and 1 in flight", func() bool { return gauges() == [2]int64{9, 1} })
+			if group != "" {
+				assert.Len(t, e.pending(group), 10, "the server sees all ten as delivered")
+			}
+			m.Ack()
+			receiveAll(t, msgs, 9)
+			waitUntil(t, "nothing read ahead or in flight", func() bool { return gauges() == [2]int64{0, 0} })
+			e.publish(1)
+			receive(t, msgs) // left in the handler's hands
+			waitUntil(t, "1 in flight", func() bool { return gauges() == [2]int64{0, 1} })
+			require.NoError(t, sub.Close())
+			assert.Equal(t, [2]int64{0, 0}, gauges(), "a closed subscription holds nothing")
+		})
+	}
+}

@@ -27,7 +27,7 @@ type fanOutLoop struct {
 
 func (l *fanOutLoop) run(ctx context.Context) {
 	defer close(l.out)
-	cfg := &l.sub.config
+	defer func() { l.sub.stats.readAhead.Add(-int64(len(l.queue))) }()
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 {
 			if err := l.fetch(ctx); err != nil {
@@ -41,31 +41,44 @@ func (l *fanOutLoop) run(ctx context.Context) {
 		}
 		m := l.queue[0]
 		l.queue = l.queue[1:]
-		for count := 1; ; count++ {
-			msg, err := decodeEntry(cfg.Unmarshaler, m.Values, origin{stream: l.key, entryID: m.ID})
-			if err != nil {
-				// A fan-out reader owns nothing it could move or acknowledge:
-				// the entry stays in the stream, for a person to look at.
-				l.sub.stats.invalidEntries.Add(1)
-				l.logger.Error("Entry cannot be decoded; skipped (it stays in the stream)", err,
-					watermill.LogFields{"entry_id": m.ID})
-				break
-			}
-			msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
-			msgCtx, cancel := context.WithCancel(ctx)
-			msg.SetContext(msgCtx)
-			result := l.deliver(ctx, msg)
-			cancel()
-			if result == stopped || result == ackedThenStopped {
-				return
-			}
-			if result == acked {
-				break
-			}
-			l.sub.stats.nacked.Add(1)
-			if !sleep(ctx, nackDelay(cfg, int64(count))) {
-				return
-			}
+		l.sub.stats.readAhead.Add(-1)
+		l.sub.stats.inFlight.Add(1)
+		ok := l.handle(ctx, m)
+		l.sub.stats.inFlight.Add(-1)
+		if !ok {
+			return
+		}
+	}
+}
+
+// handle delivers m until it is Acked, again from memory after each Nack. It
+// returns false when the subscription ended.
+func (l *fanOutLoop) handle(ctx context.Context, m redis.XMessage) bool {
+	cfg := &l.sub.config
+	for count := 1; ; count++ {
+		msg, err := decodeEntry(cfg.Unmarshaler, m.Values, origin{stream: l.key, entryID: m.ID})
+		if err != nil {
+			// A fan-out reader owns nothing it could move or acknowledge:
+			// the entry stays in the stream, for a person to look at.
+			l.sub.stats.invalidEntries.Add(1)
+			l.logger.Error("Entry cannot be decoded; skipped (it stays in the stream)", err,
+				watermill.LogFields{"entry_id": m.ID})
+			return true
+		}
+		msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
+		msgCtx, cancel := context.WithCancel(ctx)
+		msg.SetContext(msgCtx)
+		result := l.deliver(ctx, msg)
+		cancel()
+		switch result {
+		case acked:
+			return true
+		case stopped, ackedThenStopped:
+			return false
+		}
+		l.sub.stats.nacked.Add(1)
+		if !sleep(ctx, nackDelay(cfg, int64(count))) {
+			return false
 		}
 	}
 }
@@ -103,6 +116,7 @@ func (l *fanOutLoop) fetch(ctx context.Context) error {
 	}
 	for _, s := range streams {
 		l.queue = append(l.queue, s.Messages...)
+		l.sub.stats.readAhead.Add(int64(len(s.Messages)))
 	}
 	if len(l.queue) > 0 {
 		l.lastID = l.queue[len(l.queue)-1].ID

@@ -38,13 +38,24 @@ type Stats struct {
 	// Acks, renewals and dead-letter copies. Reads and claims back off
 	// before they retry; a failed renewal is tried again on its next beat.
 	Faults int64
+
+	// ReadAhead is a gauge: entries fetched from the server now waiting in
+	// the subscriptions' queues to be delivered. With a group they are
+	// pending for this consumer on the server although no handler has seen
+	// them, so XINFO counts them as delivered (see docs/backlog.md).
+	ReadAhead int64
+	// InFlight is a gauge: messages taken from the queue and not settled
+	// yet: being handed over, in a handler's hands, or waiting to be
+	// delivered again after a Nack. At most one per subscription.
+	InFlight int64
 }
 
 type counters struct {
 	delivered, acked, nacked, drained, reclaimed, missingBodies, invalidEntries, faults atomic.Int64
+	readAhead, inFlight                                                                 atomic.Int64
 }
 
-// Stats returns the Subscriber's counters.
+// Stats returns the Subscriber's counters and gauges.
 func (s *Subscriber) Stats() Stats {
 	c := &s.stats
 	return Stats{
@@ -56,5 +67,7 @@ func (s *Subscriber) Stats() Stats {
 		MissingBodies:  c.missingBodies.Load(),
 		InvalidEntries: c.invalidEntries.Load(),
 		Faults:         c.faults.Load(),
+		ReadAhead:      c.readAhead.Load(),
+		InFlight:       c.inFlight.Load(),
 	}
 }

@@ -32,6 +32,32 @@ const (
 	// messages to the original topic plus this suffix unless told otherwise,
 	// so both kinds of dead letter of topic "orders" land in "orders.dead".
 	DefaultDeadLetterSuffix = ".dead"
+	// DefaultNackBackoffMin is, with the default NackResendDelay, the wait
+	// before a message Nacked on its first delivery is delivered again. The
+	// wait doubles with each delivery, as the server counts them, up to
+	// NackBackoffMax.
+	DefaultNackBackoffMin = 100 * time.Millisecond
+	// DefaultNackBackoffMax caps the wait before a Nacked message is
+	// delivered again, with the default NackResendDelay.
+	DefaultNackBackoffMax = 10 * time.Second
+)
+
+// Sentinels for the fields where zero means the default and "off" or "at
+// once" needs a value of its own.
+const (
+	// AckAtOnce, as SubscriberConfig.AckFlushInterval, sends each Ack as
+	// soon as the handler makes it, before the next message is delivered.
+	AckAtOnce time.Duration = -1
+	// NackAtOnce, as SubscriberConfig.NackResendDelay, delivers a Nacked
+	// message again without waiting.
+	NackAtOnce time.Duration = -1
+	// NoReclaim, as SubscriberConfig.ClaimInterval, turns the claim beat
+	// off: the subscription never reclaims entries of other consumers.
+	NoReclaim time.Duration = -1
+	// NoDeadLetter, as SubscriberConfig.DeadLetterSuffix, turns the
+	// dead-lettering of undecodable entries off: such an entry is logged at
+	// Error level with its raw fields, counted and acknowledged.
+	NoDeadLetter = "-"
 )
 
 // StartPosition is where a new consumer group begins reading. It has no usable
@@ -65,6 +91,27 @@ func (p StartPosition) id() string {
 		return "0"
 	}
 	return "$"
+}
+
+// MarshalText implements encoding.TextMarshaler: "new" or "head". The zero
+// value, which is not a position, is an error.
+func (p StartPosition) MarshalText() ([]byte, error) {
+	if p != StartNew && p != StartHead {
+		return nil, fmt.Errorf("%w: start position %s cannot be written: use StartNew or StartHead", ErrInvalidConfig, describeStart(p))
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler, reading what
+// [ParseStartPosition] reads, so that a start position can be set from a
+// configuration file or a flag.
+func (p *StartPosition) UnmarshalText(text []byte) error {
+	v, err := ParseStartPosition(string(text))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
 }
 
 // ParseStartPosition reads a start position from text, as found in a
@@ -127,12 +174,15 @@ type SubscriberConfig struct {
 	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
 	// cancelled Subscribe context wait up to about this long for a read in
 	// progress (go-redis cannot interrupt it). It cannot be infinite, and
-	// it is at least 1ms. Default: DefaultBlockTime.
+	// it is at least 1ms; the server counts it in whole milliseconds, so it
+	// is rounded down to one. Default: DefaultBlockTime.
 	BlockTime time.Duration
 
 	// ClaimInterval is the beat on which the subscription reclaims entries
-	// other consumers left idle for ClaimMinIdle. It is at least 1ms. Only
-	// used with ConsumerGroup. Default: DefaultClaimInterval.
+	// other consumers left idle for ClaimMinIdle. It is at least 1ms, or
+	// NoReclaim (-1) to never reclaim: then entries of a consumer that is
+	// gone for good stay pending until a consumer of that name returns.
+	// Only used with ConsumerGroup. Default: DefaultClaimInterval.
 	ClaimInterval time.Duration
 
 	// ClaimMinIdle is how long an entry must have been idle, as the server
@@ -140,30 +190,40 @@ type SubscriberConfig struct {
 	// min-idle-time). A subscription renews its hold on the entries it holds
 	// every ClaimMinIdle/3, so only entries of a consumer that died or
 	// stalled for this long are reclaimed. It must exceed BlockTime and
-	// AckFlushInterval. Only used with ConsumerGroup. Default:
+	// AckFlushInterval. The server counts it in whole milliseconds, so it is
+	// rounded down to one. Only used with ConsumerGroup. Default:
 	// DefaultClaimMinIdle.
 	ClaimMinIdle time.Duration
 
 	// NackResendDelay is how long a Nacked message waits before it is
-	// delivered again. Acks and hold renewals go on meanwhile. Default: 0,
-	// at once: a handler that always fails then retries at network speed,
-	// so set a delay, or use Watermill's middleware.Retry and a poison rule
-	// on DeliveryCount.
+	// delivered again: a positive value is a fixed wait, NackAtOnce (-1)
+	// does not wait. Acks and hold renewals go on meanwhile. Default (0): a
+	// backoff that grows with the delivery count, so that a handler that
+	// always fails does not spin: DefaultNackBackoffMin after the first
+	// delivery, doubling with each one (200 ms after the second, 400 ms after
+	// the third, ...), up to NackBackoffMax. To give up on a message, use
+	// [DeadLetter].
 	NackResendDelay time.Duration
 
+	// NackBackoffMax caps the growing wait of the default NackResendDelay;
+	// it is not used with a fixed one. Default: DefaultNackBackoffMax.
+	NackBackoffMax time.Duration
+
 	// AckFlushInterval bounds how long an Ack may wait to be sent together
-	// with later ones. Acks are always sent before the next read and on
-	// Close. Only used with ConsumerGroup. Default: DefaultAckFlushInterval.
+	// with later ones, or AckAtOnce (-1) to send each Ack on its own as soon
+	// as it is made (one round trip per message). Acks are always sent
+	// before the next read and on Close. Only used with ConsumerGroup.
+	// Default: DefaultAckFlushInterval.
 	AckFlushInterval time.Duration
 
 	// DeadLetterSuffix names the stream that receives entries that cannot
 	// be decoded: the stream key plus this suffix. Such an entry is copied
 	// there as a dead letter, a message that DefaultMarshaler decodes, with
 	// its raw fields as metadata, the error and where it came from (see
-	// docs/dead-letters.md), then acknowledged. With the default, this is the
-	// stream [DeadLetter] publishes to by default (through a Publisher with
-	// the same KeyPrefix). Only used with ConsumerGroup. Default:
-	// DefaultDeadLetterSuffix.
+	// docs/dead-letters.md), then acknowledged. [DeadLetter] publishes to
+	// the same stream when its DeadLetterConfig.Suffix is the same (through a
+	// Publisher with the same KeyPrefix). NoDeadLetter ("-") turns this off.
+	// Only used with ConsumerGroup. Default: DefaultDeadLetterSuffix.
 	DeadLetterSuffix string
 
 	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
@@ -191,6 +251,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.ClaimMinIdle == 0 {
 		c.ClaimMinIdle = DefaultClaimMinIdle
+	}
+	if c.NackBackoffMax == 0 {
+		c.NackBackoffMax = DefaultNackBackoffMax
 	}
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
@@ -222,12 +285,14 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: BatchSize is %d: it must be positive", ErrInvalidConfig, c.BatchSize)
 	case c.BlockTime < time.Millisecond:
 		return fmt.Errorf("%w: BlockTime is %s: it must be at least 1ms (the server counts in milliseconds, and an infinite block could never be interrupted)", ErrInvalidConfig, c.BlockTime)
-	case c.ClaimInterval < time.Millisecond:
-		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries)", ErrInvalidConfig, c.ClaimInterval)
-	case c.NackResendDelay < 0:
-		return fmt.Errorf("%w: NackResendDelay is %s: it must not be negative", ErrInvalidConfig, c.NackResendDelay)
-	case c.AckFlushInterval < 0:
-		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive", ErrInvalidConfig, c.AckFlushInterval)
+	case c.ClaimInterval < time.Millisecond && c.ClaimInterval != NoReclaim:
+		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries), or NoReclaim (-1)", ErrInvalidConfig, c.ClaimInterval)
+	case c.NackResendDelay < 0 && c.NackResendDelay != NackAtOnce:
+		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
+	case c.NackBackoffMax < 0:
+		return fmt.Errorf("%w: NackBackoffMax is %s: it must be positive, or 0 (the default)", ErrInvalidConfig, c.NackBackoffMax)
+	case c.AckFlushInterval < 0 && c.AckFlushInterval != AckAtOnce:
+		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive, 0 (the default) or AckAtOnce (-1)", ErrInvalidConfig, c.AckFlushInterval)
 	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
 		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
 			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)

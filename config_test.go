@@ -35,10 +35,14 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{name: "prefix with hash tag", edit: func(c *valkeystream.SubscriberConfig) { c.KeyPrefix = "{app}:" }, want: []string{"KeyPrefix", "hash slot"}},
 		{name: "negative batch", edit: func(c *valkeystream.SubscriberConfig) { c.BatchSize = -1 }, want: []string{"BatchSize"}},
 		{name: "block below a millisecond", edit: func(c *valkeystream.SubscriberConfig) { c.BlockTime = time.Microsecond }, want: []string{"BlockTime", "1ms"}},
-		{name: "negative claim interval", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = -time.Second }, want: []string{"ClaimInterval"}},
+		{name: "negative claim interval", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = -time.Second }, want: []string{"ClaimInterval", "NoReclaim (-1)"}},
 		{name: "claim interval below a millisecond", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = 5 }, want: []string{"ClaimInterval is 5ns", "1ms"}},
-		{name: "negative nack delay", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = -time.Second }, want: []string{"NackResendDelay"}},
-		{name: "negative ack flush", edit: func(c *valkeystream.SubscriberConfig) { c.AckFlushInterval = -time.Second }, want: []string{"AckFlushInterval"}},
+		{name: "negative nack delay", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = -time.Second }, want: []string{"NackResendDelay", "NackAtOnce (-1)"}},
+		{name: "negative ack flush", edit: func(c *valkeystream.SubscriberConfig) { c.AckFlushInterval = -time.Second }, want: []string{"AckFlushInterval", "AckAtOnce (-1)"}},
+		{name: "acks at once", edit: func(c *valkeystream.SubscriberConfig) { c.AckFlushInterval = valkeystream.AckAtOnce }},
+		{name: "nacks at once", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = valkeystream.NackAtOnce }},
+		{name: "no claim beat", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = valkeystream.NoReclaim }},
+		{name: "no dead letters", edit: func(c *valkeystream.SubscriberConfig) { c.DeadLetterSuffix = valkeystream.NoDeadLetter }},
 		{name: "min idle not above block", edit: func(c *valkeystream.SubscriberConfig) {
 			c.BlockTime, c.ClaimMinIdle = 2*time.Second, time.Second
 		}, want: []string{"ClaimMinIdle (1s)", "BlockTime (2s)"}},
@@ -65,13 +69,6 @@ func TestSubscriberConfigValidate(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestValidateDoesNotChangeTheConfig(t *testing.T) {
-	cfg := valkeystream.SubscriberConfig{Client: redis.NewClient(&redis.Options{}), ConsumerGroup: "g", Start: valkeystream.StartHead}
-	before := cfg
-	require.NoError(t, cfg.Validate())
-	assert.Equal(t, before, cfg)
 }
 
 func TestPublisherConfigValidate(t *testing.T) {
@@ -121,4 +118,21 @@ func TestParseStartPosition(t *testing.T) {
 	assert.ErrorContains(t, err, `"head"`)
 	assert.Equal(t, "new", valkeystream.StartNew.String())
 	assert.Equal(t, "head", valkeystream.StartHead.String())
+}
+
+func TestStartPositionText(t *testing.T) {
+	for _, p := range []valkeystream.StartPosition{valkeystream.StartNew, valkeystream.StartHead} {
+		text, err := p.MarshalText()
+		require.NoError(t, err)
+		var got valkeystream.StartPosition
+		require.NoError(t, got.UnmarshalText(text))
+		if got != p {
+			t.Errorf("%s written as %q reads back as %s", p, text, got)
+		}
+	}
+	_, err := valkeystream.StartPosition(0).MarshalText()
+	assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig, "the zero value is not a position")
+	var p valkeystream.StartPosition
+	assert.ErrorIs(t, p.UnmarshalText([]byte("tail")), valkeystream.ErrInvalidConfig)
+	assert.Equal(t, valkeystream.StartPosition(0), p, "a failed read leaves the value alone")
 }

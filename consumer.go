@@ -25,14 +25,18 @@ type entry struct {
 }
 
 // groupLoop is one consumer-group subscription. Only its own goroutine
-// touches it. It recovers before it reads anything new: after a start or a
-// fault it drains its own pending entries from cursor 0; on every claim beat
-// it reclaims entries that consumers left idle; only then it reads new
-// entries. It fetches only when nothing it fetched is still undelivered and
-// every Ack has been sent (at the latest in the same round trip, ahead of a
-// read of new entries), so it never claims an entry it is handling, and
-// while it holds entries it renews its hold on them so that no peer reclaims
-// them from under it.
+// touches it. What it fetches next is its plan's decision (fetchPlan): its own
+// pending entries after a start or a fault, idle entries of other consumers
+// on the claim beat, else new entries. It fetches only when nothing it
+// fetched is still undelivered and every Ack has been sent (at the latest in
+// the same round trip, ahead of a read of new entries), so it never claims
+// an entry it is handling; while it holds entries, its lease renews its hold
+// on them so that no peer reclaims them from under it.
+//
+// One message's way: readNew queues the entry, run pops it, handle decodes
+// and delivers it and waits for the handler (deliver), the Ack goes into the
+// ack batch, and the batch's XACK goes in the same round trip as the next
+// read (readNew) or on its own when it is due first (flushWhileBusy).
 type groupLoop struct {
 	sub      *Subscriber
 	cfg      *SubscriberConfig
@@ -44,56 +48,41 @@ type groupLoop struct {
 	logger   watermill.LoggerAdapter
 
 	queue    []entry // fetched, not yet delivered, in order
-	inFlight string  // id of the entry in a handler's hands, or ""
+	inFlight string  // id of the entry being delivered or in a handler's hands, or ""
 
-	acks      []string    // Acked ids not yet sent
-	ackTimer  *time.Timer // fires when the oldest of acks is due
-	ackFaults int         // consecutive failed flushes while busy
-
-	leaseTimer   *time.Timer // fires when the held entries need renewing
-	leaseEvery   time.Duration
-	leaseFailing bool // the last renewal failed (logged once per streak)
-
-	draining  bool   // the own pending list is being drained
-	drainFrom string // cursor of the drain
-	claimFrom string // cursor of XAUTOCLAIM
-	nextClaim time.Time
-
+	plan    fetchPlan
+	acks    ackBatch
+	lease   lease
 	retries retries
+	nackLog logLimit
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
 	return &groupLoop{
-		sub:        s,
-		cfg:        &s.config,
-		client:     s.config.Client,
-		key:        key,
-		group:      s.config.ConsumerGroup,
-		consumer:   consumer,
-		out:        out,
-		logger:     logger,
-		retries:    retries{sub: s, logger: logger},
-		ackTimer:   stoppedTimer(),
-		leaseTimer: stoppedTimer(),
-		// Three renewals fit in one ClaimMinIdle, so a late one still holds.
-		leaseEvery: s.config.ClaimMinIdle / 3,
-		draining:   true,
-		drainFrom:  "0",
-		claimFrom:  "0-0",
+		sub:      s,
+		cfg:      &s.config,
+		client:   s.config.Client,
+		key:      key,
+		group:    s.config.ConsumerGroup,
+		consumer: consumer,
+		out:      out,
+		logger:   logger,
+		plan:     newFetchPlan(s.config.ClaimInterval),
+		acks:     newAckBatch(s.config.AckFlushInterval),
+		lease:    newLease(s.config.ClaimMinIdle),
+		retries:  retries{sub: s, logger: logger},
+		nackLog:  logLimit{every: nackLogEvery},
 	}
 }
 
-func stoppedTimer() *time.Timer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
-}
+// nackLogEvery bounds how often a subscription logs Nacks at Info level.
+const nackLogEvery = 10 * time.Second
 
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.flushOnExit()
 	for ctx.Err() == nil {
-		if len(l.queue) == 0 {
+		if len(l.queue) == 0 || l.plan.mustFetch() {
 			if err := l.fetch(ctx); err != nil {
 				if ctx.Err() != nil || !l.fault(ctx, "fetching entries", err) {
 					return
@@ -105,54 +94,73 @@ func (l *groupLoop) run(ctx context.Context) {
 		}
 		e := l.queue[0]
 		l.queue = l.queue[1:]
-		if !l.handle(ctx, e) {
+		l.sub.stats.readAhead.Add(-1)
+		l.sub.stats.inFlight.Add(1)
+		ok := l.handle(ctx, e)
+		l.sub.stats.inFlight.Add(-1)
+		if !ok {
 			return
 		}
 	}
 }
 
-// fetch fills the queue: from the own pending list while draining, else from
-// idle entries of others when the claim beat is due, else with new entries.
+// fetch runs the step the plan names. Acks waiting to be sent go first, so
+// that no step reads an entry this loop has handled.
 func (l *groupLoop) fetch(ctx context.Context) error {
 	var err error
-	switch {
-	case l.draining:
+	switch l.plan.next(time.Now()) {
+	case stepDrain:
 		if err = l.flushAcks(ctx); err == nil {
 			err = l.drain(ctx)
 		}
-	case !time.Now().Before(l.nextClaim):
+	case stepSweep:
+		err = l.sweep(ctx)
+	case stepClaim:
 		if err = l.flushAcks(ctx); err == nil {
 			err = l.claim(ctx)
 		}
-	default:
+	case stepRead:
 		err = l.readNew(ctx)
 	}
 	if len(l.queue) > 0 {
-		l.leaseTimer.Reset(l.leaseEvery)
+		l.lease.start()
 	}
 	return err
 }
 
-func (l *groupLoop) drain(ctx context.Context) error {
+// readOwn reads the next batch of this consumer's own pending entries from
+// the plan's drain cursor, and advances the cursor.
+func (l *groupLoop) readOwn(ctx context.Context) ([]redis.XMessage, error) {
 	streams, err := l.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    l.group,
 		Consumer: l.consumer,
-		Streams:  []string{l.key, l.drainFrom},
+		Streams:  []string{l.key, l.plan.drainFrom},
 		Count:    l.cfg.BatchSize,
 		Block:    -1,
 	}).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("draining own pending entries: %w", err)
+		return nil, err
 	}
 	var msgs []redis.XMessage
 	if len(streams) > 0 {
 		msgs = streams[0].Messages
 	}
+	last := ""
+	if len(msgs) > 0 {
+		last = msgs[len(msgs)-1].ID
+	}
+	l.plan.drained(last)
+	return msgs, nil
+}
+
+func (l *groupLoop) drain(ctx context.Context) error {
+	msgs, err := l.readOwn(ctx)
+	if err != nil {
+		return fmt.Errorf("draining own pending entries: %w", err)
+	}
 	if len(msgs) == 0 {
-		l.draining = false
 		return nil
 	}
-	l.drainFrom = msgs[len(msgs)-1].ID
 	n, err := l.enqueueWithCounts(ctx, msgs)
 	if err != nil {
 		return fmt.Errorf("reading delivery counts of drained entries: %w", err)
@@ -162,9 +170,43 @@ func (l *groupLoop) drain(ctx context.Context) error {
 	return nil
 }
 
+// sweep acknowledges the own pending entries whose bodies are gone, which a
+// claim reported as nulls without their ids (Redis 6.2): they are pending for
+// this consumer now. It lists the pending entries with XPENDING and asks the
+// renewal script which bodies are gone, so no delivery count grows; the
+// entries with bodies are the claimed batch, queued already.
+func (l *groupLoop) sweep(ctx context.Context) error {
+	pending, err := l.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: l.key, Group: l.group, Consumer: l.consumer,
+		Start: l.plan.sweepFrom, End: "+", Count: l.cfg.BatchSize,
+	}).Result()
+	if err != nil {
+		return fmt.Errorf("sweeping own pending entries: %w", err)
+	}
+	if len(pending) == 0 {
+		l.plan.swept("")
+		return nil
+	}
+	ids := make([]string, len(pending))
+	for i, p := range pending {
+		ids[i] = p.ID
+	}
+	counts, err := l.hold(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("sweeping own pending entries: %w", err)
+	}
+	for i, n := range counts {
+		if n < 0 {
+			l.reportMissing(ids[i], true)
+		}
+	}
+	l.plan.swept("(" + ids[len(ids)-1])
+	return nil
+}
+
 func (l *groupLoop) claim(ctx context.Context) error {
 	reply, err := l.client.Do(ctx, "XAUTOCLAIM", l.key, l.group, l.consumer,
-		l.cfg.ClaimMinIdle.Milliseconds(), l.claimFrom, "COUNT", l.cfg.BatchSize).Slice()
+		l.cfg.ClaimMinIdle.Milliseconds(), l.plan.claimFrom, "COUNT", l.cfg.BatchSize).Slice()
 	if err != nil {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
 	}
@@ -172,18 +214,7 @@ func (l *groupLoop) claim(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
 	}
-	if nulls > 0 {
-		// Claimed entries whose bodies are gone, reported without their ids:
-		// they are pending for this consumer now, and a drain of its own
-		// pending list names them, so that they are acknowledged.
-		l.draining, l.drainFrom = true, "0"
-	}
-	l.claimFrom = next
-	if next == "0-0" {
-		// The pending list was scanned to its end; the next beat starts over.
-		// Until then, a cursor other than 0-0 means more to reclaim first.
-		l.nextClaim = time.Now().Add(l.cfg.ClaimInterval)
-	}
+	l.plan.claimed(next, nulls, time.Now())
 	for _, id := range deleted {
 		// The server already dropped these from the pending list.
 		l.reportMissing(id, false)
@@ -204,16 +235,16 @@ func (l *groupLoop) claim(ctx context.Context) error {
 // trip as a read that does not block, which under load brings the next batch
 // at once; only when that finds nothing does a blocking read follow.
 func (l *groupLoop) readNew(ctx context.Context) error {
-	if len(l.acks) > 0 {
+	if l.acks.len() > 0 {
 		pipe := l.client.Pipeline()
-		ack := pipe.XAck(ctx, l.key, l.group, l.acks...)
+		ack := l.acks.send(ctx, pipe, l.key, l.group)
 		read := pipe.XReadGroup(ctx, l.readArgs(-1))
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		streams, err := read.Result()
 		if errors.Is(err, redis.Nil) {
 			err = nil
 		}
-		if ackErr := l.acked(ack); ackErr != nil {
+		if ackErr := l.settleAcks(ack); ackErr != nil {
 			// A fault like a failed read: the entries this read brought, if
 			// any, are pending for this consumer and come back with the
 			// drain that follows.
@@ -259,6 +290,7 @@ func (l *groupLoop) enqueueNew(streams []redis.XStream) int {
 			n++
 		}
 	}
+	l.sub.stats.readAhead.Add(int64(n))
 	return n
 }
 
@@ -277,6 +309,7 @@ func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage
 	}
 	kept := l.admit(entries, counts)
 	l.queue = append(l.queue, kept...)
+	l.sub.stats.readAhead.Add(int64(len(kept)))
 	return len(kept), nil
 }
 
@@ -330,22 +363,33 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
-		result := deliver(ctx, l.out, msg, l, &l.sub.stats.delivered)
+		result := l.deliver(ctx, msg)
 		cancel()
 		switch result {
 		case acked:
-			l.addAck(e.id)
+			l.acks.add(e.id)
+			if l.acks.atOnce() {
+				l.flushWhileBusy(ctx)
+			}
 			return true
 		case ackedThenStopped:
-			l.addAck(e.id)
+			l.acks.add(e.id)
 			return false
 		case stopped:
 			return false
+		case lost:
+			return true
 		}
 		l.sub.stats.nacked.Add(1)
-		l.logger.Trace("Message nacked, delivering it again", watermill.LogFields{
-			"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count})
-		next, ok := l.redeliver(ctx, e.id)
+		delay := nackDelay(l.cfg, e.count)
+		fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
+		if ok, held := l.nackLog.allow(time.Now()); ok {
+			fields["nacks_not_logged"] = held
+			l.logger.Info("Message nacked; delivering it again after a delay", fields)
+		} else {
+			l.logger.Trace("Message nacked; delivering it again after a delay", fields)
+		}
+		next, ok := l.redeliver(ctx, e, delay)
 		if !ok {
 			return false
 		}
@@ -356,7 +400,62 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 	}
 }
 
-// decode returns e's message, decoded ahead (see handedOver) or now, with
+// deliver hands msg, the message of the entry in flight, to the handler and
+// waits until it is Acked or Nacked, sending due Acks and renewing the hold
+// on held entries meanwhile. An entry that a renewal finds taken over by
+// another consumer before the handler took it is not handed over (lost).
+func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
+	w := waits{out: l.out, msg: msg}
+	for {
+		w.flush, w.renew = l.acks.due(), l.lease.due(true)
+		switch w.next(ctx) {
+		case evSent:
+			l.sub.stats.delivered.Add(1)
+			w.sent()
+			l.decodeNext()
+		case evAcked:
+			return acked
+		case evNacked:
+			return nacked
+		case evFlush:
+			l.flushWhileBusy(ctx)
+		case evRenew:
+			if taken := l.renew(ctx); taken && w.out != nil {
+				l.logger.Info("The entry waiting to be delivered was taken over by another consumer; not delivering it",
+					watermill.LogFields{"entry_id": l.inFlight})
+				return lost
+			}
+		case evStopped:
+			return w.stopped()
+		}
+	}
+}
+
+// pause waits for d or until ctx ends, sending due Acks and renewing the
+// hold on held entries meanwhile, and reports whether d passed.
+func (l *groupLoop) pause(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	w := waits{timer: t.C}
+	for {
+		w.flush, w.renew = l.acks.due(), l.lease.due(l.inFlight != "" || len(l.queue) > 0)
+		switch w.next(ctx) {
+		case evTimer:
+			return true
+		case evFlush:
+			l.flushWhileBusy(ctx)
+		case evRenew:
+			l.renew(ctx)
+		default:
+			return false
+		}
+	}
+}
+
+// decode returns e's message, decoded ahead (see decodeNext) or now, with
 // the metadata that tells where it came from.
 func (l *groupLoop) decode(e *entry) (*message.Message, error) {
 	if !e.decoded {
@@ -373,24 +472,24 @@ func (l *groupLoop) prepare(e *entry) {
 		origin{stream: l.key, entryID: e.id, group: l.group, consumer: l.consumer})
 }
 
-// handedOver decodes the next queued entry while the handler works on the
+// decodeNext decodes the next queued entry while the handler works on the
 // message just handed over, so that decoding is off the path from one
 // message to the next.
-func (l *groupLoop) handedOver() {
+func (l *groupLoop) decodeNext() {
 	if len(l.queue) > 0 && !l.queue[0].decoded {
 		l.prepare(&l.queue[0])
 	}
 }
 
-// redeliver claims a Nacked entry again for this consumer, which grows its
-// delivery count, and returns it with the new count, or nil when it is not
+// redeliver waits delay, then claims a Nacked entry again for this consumer,
+// which grows its delivery count, and returns it with the new count, or nil when it is not
 // this consumer's to deliver any more.
-func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
-	if !pause(ctx, l.cfg.NackResendDelay, l) {
+func (l *groupLoop) redeliver(ctx context.Context, e entry, delay time.Duration) (*entry, bool) {
+	if !l.pause(ctx, delay) {
 		return nil, false
 	}
 	for {
-		next, err := l.claimBack(ctx, id)
+		next, err := l.claimBack(ctx, e)
 		if err == nil {
 			l.retries.succeeded()
 			return next, true
@@ -401,44 +500,39 @@ func (l *groupLoop) redeliver(ctx context.Context, id string) (*entry, bool) {
 	}
 }
 
-func (l *groupLoop) claimBack(ctx context.Context, id string) (*entry, error) {
-	reply, err := claimBackScript.Run(ctx, l.client, []string{l.key}, l.group, l.consumer, id).Slice()
+// claimBack runs claimBackScript for e, whose delivery was Nacked. The
+// script claims e only while its count is still that of the Nacked
+// delivery, so a call that the client sends again (after a network error)
+// does not grow the count twice.
+func (l *groupLoop) claimBack(ctx context.Context, e entry) (*entry, error) {
+	reply, err := claimBackScript.Run(ctx, l.client, []string{l.key}, l.group, l.consumer, e.id, e.count).Slice()
 	if err != nil {
 		return nil, err
 	}
-	status, _ := reply[0].(string)
-	switch status {
+	r, err := parseClaimBack(reply)
+	if err != nil {
+		return nil, err
+	}
+	switch r.status {
 	case "ok":
-		if len(reply) != 3 {
-			return nil, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
-		}
-		count, ok := reply[1].(int64)
-		if !ok {
-			return nil, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
-		}
-		fields, err := fieldMap(reply[2])
-		if err != nil {
-			return nil, err
-		}
-		return &entry{id: id, fields: fields, count: count}, nil
+		return &entry{id: e.id, fields: r.fields, count: r.count}, nil
 	case "gone":
-		l.logger.Debug("Nacked entry is no longer pending, not delivering it again", watermill.LogFields{"entry_id": id})
+		l.logger.Debug("Nacked entry is no longer pending, not delivering it again", watermill.LogFields{"entry_id": e.id})
 	case "taken":
 		l.logger.Info("Nacked entry was taken over by another consumer meanwhile; leaving it to that consumer",
-			watermill.LogFields{"entry_id": id})
+			watermill.LogFields{"entry_id": e.id})
 	case "missing":
-		l.reportMissing(id, false) // the script acknowledged it
-	default:
-		return nil, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+		l.reportMissing(e.id, true)
 	}
 	return nil, nil
 }
 
-// renewLeases resets the idle time of every entry this loop holds, so that
-// no peer reclaims an entry that is alive here. It drops from the queue any
-// entry that is no longer pending for this consumer, and any whose body is
-// gone from the stream (acknowledged and counted, never delivered).
-func (l *groupLoop) renewLeases(ctx context.Context) {
+// renew resets the idle time of every entry this loop holds, so that no peer
+// reclaims an entry that is alive here. It drops from the queue any entry
+// that is no longer pending for this consumer, and any whose body is gone
+// from the stream (acknowledged and counted, never delivered). It reports
+// whether the entry in flight was found taken over by another consumer.
+func (l *groupLoop) renew(ctx context.Context) (inFlightTaken bool) {
 	ids := make([]string, 0, len(l.queue)+1)
 	if l.inFlight != "" {
 		ids = append(ids, l.inFlight)
@@ -447,48 +541,41 @@ func (l *groupLoop) renewLeases(ctx context.Context) {
 		ids = append(ids, e.id)
 	}
 	if len(ids) == 0 {
-		return
+		return false
 	}
-	defer l.leaseTimer.Reset(l.leaseEvery)
-	if len(l.acks) > 0 {
+	if l.acks.len() > 0 {
 		// Acked entries wait for their flush unrenewed: send them now.
 		l.flushWhileBusy(ctx)
 	}
 	counts, err := l.hold(ctx, ids)
+	if l.lease.renewed(err) {
+		l.logger.Error("Renewing the hold on held entries failed; retrying on the next beat, peers may reclaim them after ClaimMinIdle",
+			err, watermill.LogFields{"entries": len(ids)})
+	}
 	if err != nil {
 		l.sub.stats.faults.Add(1)
-		if !l.leaseFailing {
-			l.logger.Error("Renewing the hold on held entries failed; retrying on the next beat, peers may reclaim them after ClaimMinIdle",
-				err, watermill.LogFields{"entries": len(ids)})
-			l.leaseFailing = true
-		}
-		return
+		return false
 	}
-	l.leaseFailing = false
 	if l.inFlight != "" {
-		// The handler has the message either way; an Ack or a Nack settles
-		// what is left of it on the server.
+		// A message the handler has stays with it either way; an Ack or a
+		// Nack settles what is left of it on the server.
 		if counts[0] == 0 {
-			l.logger.Info("The entry being handled was taken over by another consumer", watermill.LogFields{"entry_id": l.inFlight})
+			inFlightTaken = true
+			l.logger.Info("The entry in flight was taken over by another consumer", watermill.LogFields{"entry_id": l.inFlight})
 		}
 		counts = counts[1:]
 	}
+	held := len(l.queue)
 	l.queue = l.admit(l.queue, counts)
-}
-
-// leaseDue returns the channel that fires when held entries need renewing.
-func (l *groupLoop) leaseDue() <-chan time.Time {
-	if l.inFlight == "" && len(l.queue) == 0 {
-		return nil
-	}
-	return l.leaseTimer.C
+	l.sub.stats.readAhead.Add(int64(len(l.queue) - held))
+	return inFlightTaken
 }
 
 // reportMissing handles a pending entry whose body was trimmed or deleted: it
 // is acknowledged (when still pending) and counted, never delivered.
 func (l *groupLoop) reportMissing(id string, stillPending bool) {
 	if stillPending {
-		l.addAck(id)
+		l.acks.add(id)
 	}
 	l.sub.stats.missingBodies.Add(1)
 	l.logger.Error("Pending entry was trimmed or deleted from the stream before it was handled; acknowledged without delivery",
@@ -499,7 +586,15 @@ func (l *groupLoop) reportMissing(id string, stillPending bool) {
 // stream, as a decodable message with its raw fields, the error and its
 // origin (see invalidEntryRecord), then acknowledges it. If the copy fails,
 // the entry stays pending and comes back with the next drain or reclaim.
+// With NoDeadLetter it is logged with its raw fields and acknowledged.
 func (l *groupLoop) moveInvalid(ctx context.Context, e entry, decodeErr error) {
+	if l.cfg.DeadLetterSuffix == NoDeadLetter {
+		l.acks.add(e.id)
+		l.sub.stats.invalidEntries.Add(1)
+		l.logger.Error("Entry cannot be decoded; acknowledged without a dead letter (DeadLetterSuffix is NoDeadLetter)", decodeErr,
+			watermill.LogFields{"entry_id": e.id, "fields": e.fields})
+		return
+	}
 	dest := l.key + l.cfg.DeadLetterSuffix
 	record := invalidEntryRecord(e.fields, origin{
 		topic:         l.key[len(l.cfg.KeyPrefix):],
@@ -520,69 +615,44 @@ func (l *groupLoop) moveInvalid(ctx context.Context, e entry, decodeErr error) {
 			errors.Join(decodeErr, err), fields)
 		return
 	}
-	l.addAck(e.id)
+	l.acks.add(e.id)
 	l.sub.stats.invalidEntries.Add(1)
 	l.logger.Error("Entry cannot be decoded; copied to the dead-letter stream and acknowledged", decodeErr, fields)
 }
 
-func (l *groupLoop) addAck(id string) {
-	l.acks = append(l.acks, id)
-	if len(l.acks) == 1 {
-		l.ackTimer.Reset(l.cfg.AckFlushInterval)
-	}
-}
-
-// flushDue returns the channel that fires when Acks are due, or nil.
-func (l *groupLoop) flushDue() <-chan time.Time {
-	if len(l.acks) == 0 {
-		return nil
-	}
-	return l.ackTimer.C
-}
-
-// flushWhileBusy sends due Acks while a message is being handled. A failure
-// keeps them for the next try, after a backoff.
+// flushWhileBusy sends the held Acks while the loop holds entries. A
+// failure keeps them, to send again after a backoff.
 func (l *groupLoop) flushWhileBusy(ctx context.Context) {
 	if err := l.flushAcks(ctx); err != nil {
-		l.ackFailed(err)
+		l.sub.stats.faults.Add(1)
+		if l.acks.failed() == 1 {
+			l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
+		}
 	}
 }
 
-// ackFailed keeps the Acks that could not be sent, to send them again after
-// a backoff.
-func (l *groupLoop) ackFailed(err error) {
-	l.sub.stats.faults.Add(1)
-	l.ackFaults++
-	if l.ackFaults == 1 {
-		l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
-	}
-	l.ackTimer.Reset(backoff(l.ackFaults))
-}
-
+// flushAcks sends the held Acks on their own.
 func (l *groupLoop) flushAcks(ctx context.Context) error {
-	if len(l.acks) == 0 {
+	if l.acks.len() == 0 {
 		return nil
 	}
-	return l.acked(l.client.XAck(ctx, l.key, l.group, l.acks...))
+	return l.settleAcks(l.acks.send(ctx, l.client, l.key, l.group))
 }
 
-// acked settles the sending of the Acks waiting to be sent.
-func (l *groupLoop) acked(cmd *redis.IntCmd) error {
-	n, err := cmd.Result()
-	if err != nil {
-		return fmt.Errorf("acknowledging %d entries: %w", len(l.acks), err)
+// settleAcks reads the result of an XACK of the held Acks.
+func (l *groupLoop) settleAcks(cmd *redis.IntCmd) error {
+	n, err := l.acks.settle(cmd)
+	if err == nil {
+		l.sub.stats.acked.Add(n)
 	}
-	l.sub.stats.acked.Add(n)
-	l.acks = l.acks[:0]
-	l.ackTimer.Stop()
-	l.ackFaults = 0
-	return nil
+	return err
 }
 
 func (l *groupLoop) flushOnExit() {
-	l.ackTimer.Stop()
-	l.leaseTimer.Stop()
-	if len(l.acks) == 0 {
+	l.sub.stats.readAhead.Add(-int64(len(l.queue)))
+	l.acks.stop()
+	l.lease.stop()
+	if l.acks.len() == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
@@ -590,7 +660,7 @@ func (l *groupLoop) flushOnExit() {
 	if err := l.flushAcks(ctx); err != nil {
 		l.sub.stats.faults.Add(1)
 		l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
-			err, watermill.LogFields{"entries": len(l.acks)})
+			err, watermill.LogFields{"entries": l.acks.len()})
 	}
 }
 
@@ -599,89 +669,12 @@ func (l *groupLoop) flushOnExit() {
 // list again before it reads anything new. It returns false when ctx ended
 // during the backoff.
 func (l *groupLoop) fault(ctx context.Context, what string, err error) bool {
-	l.draining, l.drainFrom = true, "0"
+	l.plan.restart()
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		l.logger.Error("Consumer group or stream vanished; creating it again", err, watermill.LogFields{"start": l.cfg.Start.String()})
 		if derr := l.sub.openGroup(ctx, l.key); derr != nil {
 			err = derr
 		}
 	}
-	return l.retries.fail(ctx, what, err, l)
-}
-
-// parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed
-// entries, the ids the server dropped because their bodies are gone (Redis 7
-// and later, Valkey), and how many claimed entries came back as a bare null
-// (Redis 6.2 reports a claimed entry whose body is gone that way, without its
-// id, and keeps it pending for the claiming consumer).
-func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, nulls int, err error) {
-	if len(reply) < 2 {
-		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
-	}
-	next, ok := reply[0].(string)
-	if !ok {
-		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
-	}
-	list, _ := reply[1].([]any)
-	for _, item := range list {
-		if item == nil {
-			nulls++
-			continue
-		}
-		pair, ok := item.([]any)
-		if !ok || len(pair) != 2 {
-			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
-		}
-		id, ok := pair[0].(string)
-		if !ok {
-			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
-		}
-		m := redis.XMessage{ID: id}
-		if pair[1] != nil {
-			if m.Values, err = fieldMap(pair[1]); err != nil {
-				return "", nil, nil, 0, err
-			}
-		}
-		msgs = append(msgs, m)
-	}
-	if len(reply) >= 3 {
-		ids, _ := reply[2].([]any)
-		for _, v := range ids {
-			if id, ok := v.(string); ok {
-				deleted = append(deleted, id)
-			}
-		}
-	}
-	return next, msgs, deleted, nulls, nil
-}
-
-// fieldMap turns an entry's field list (or map, in RESP3) into a map.
-func fieldMap(v any) (map[string]any, error) {
-	switch f := v.(type) {
-	case []any:
-		if len(f)%2 != 0 {
-			return nil, fmt.Errorf("entry has an odd number (%d) of field elements", len(f))
-		}
-		m := make(map[string]any, len(f)/2)
-		for i := 0; i < len(f); i += 2 {
-			k, ok := f[i].(string)
-			if !ok {
-				return nil, fmt.Errorf("entry field name of type %T", f[i])
-			}
-			m[k] = f[i+1]
-		}
-		return m, nil
-	case map[any]any:
-		m := make(map[string]any, len(f))
-		for k, val := range f {
-			ks, ok := k.(string)
-			if !ok {
-				return nil, fmt.Errorf("entry field name of type %T", k)
-			}
-			m[ks] = val
-		}
-		return m, nil
-	default:
-		return nil, fmt.Errorf("entry fields of type %T", v)
-	}
+	return l.retries.fail(ctx, what, err, l.pause)
 }

@@ -53,10 +53,15 @@ type DeadLetterConfig struct {
 
 	// Topic is where dead letters are published. Default: the topic the
 	// message was consumed from (as the Watermill router reports it) plus
-	// DefaultDeadLetterSuffix, where a Subscriber with the default
-	// DeadLetterSuffix also puts undecodable entries. Set it when the
-	// handler does not run in a router.
+	// Suffix. Set it when the handler does not run in a router.
 	Topic string
+
+	// Suffix names the dead-letter topic of the topic a message was
+	// consumed from, when Topic is not set. Set it to the Subscriber's
+	// SubscriberConfig.DeadLetterSuffix, so that failed messages and
+	// undecodable entries of a topic land in the same stream. Default:
+	// DefaultDeadLetterSuffix, the Subscriber's default.
+	Suffix string
 
 	// CrashLimit, when positive, dead-letters a message that arrives with a
 	// delivery count above it without calling the handler. It stops a
@@ -67,14 +72,11 @@ type DeadLetterConfig struct {
 	// in a batch when a consumer died, so set it well above MaxDeliveries.
 	// It must be 0 or greater than MaxDeliveries. Default: 0, off.
 	CrashLimit int
-
-	// Logger logs each dead letter at Error level. Default: none.
-	Logger watermill.LoggerAdapter
 }
 
 func (c *DeadLetterConfig) setDefaults() {
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+	if c.Suffix == "" {
+		c.Suffix = DefaultDeadLetterSuffix
 	}
 }
 
@@ -89,6 +91,8 @@ func (c DeadLetterConfig) Validate() error {
 	case c.MaxDeliveries < 1:
 		return fmt.Errorf("%w: DeadLetterConfig.MaxDeliveries is %d: it must be at least 1 (the delivery on which a failure is final)",
 			ErrInvalidConfig, c.MaxDeliveries)
+	case c.Suffix == NoDeadLetter:
+		return fmt.Errorf("%w: DeadLetterConfig.Suffix is %q, which turns a Subscriber's dead letters off: name a dead-letter topic", ErrInvalidConfig, c.Suffix)
 	case c.CrashLimit != 0 && c.CrashLimit <= c.MaxDeliveries:
 		return fmt.Errorf("%w: DeadLetterConfig.CrashLimit is %d: it must be 0 (off) or greater than MaxDeliveries (%d)",
 			ErrInvalidConfig, c.CrashLimit, c.MaxDeliveries)
@@ -127,18 +131,23 @@ func (c DeadLetterConfig) Validate() error {
 //
 //	router.AddMiddleware(deadLetter, retry.Middleware, middleware.Recoverer)
 //
-// See docs/dead-letters.md.
-func DeadLetter(config DeadLetterConfig) (message.HandlerMiddleware, error) {
+// logger logs each dead letter at Error level; nil logs nothing. See
+// docs/dead-letters.md.
+func DeadLetter(config DeadLetterConfig, logger watermill.LoggerAdapter) (message.HandlerMiddleware, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	d := deadLetter{config: config}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	d := deadLetter{config: config, logger: logger}
 	return d.middleware, nil
 }
 
 type deadLetter struct {
 	config DeadLetterConfig
+	logger watermill.LoggerAdapter
 }
 
 func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -178,7 +187,7 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause err
 			return fmt.Errorf("valkeystream: dead letter of message %s: its topic is unknown (it did not come through a Watermill router); set DeadLetterConfig.Topic",
 				msg.UUID)
 		}
-		topic = o.topic + DefaultDeadLetterSuffix
+		topic = o.topic + d.config.Suffix
 	}
 
 	dead := message.NewMessage(msg.UUID, msg.Payload)
@@ -196,7 +205,7 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause err
 	if err := d.config.Publisher.Publish(topic, dead); err != nil {
 		return fmt.Errorf("valkeystream: publishing message %s to dead-letter topic %q: %w", msg.UUID, topic, err)
 	}
-	d.config.Logger.Error("Message given up; published to the dead-letter topic", cause, watermill.LogFields{
+	d.logger.Error("Message given up; published to the dead-letter topic", cause, watermill.LogFields{
 		"message_uuid":      msg.UUID,
 		"topic":             o.topic,
 		"entry_id":          o.entryID,
@@ -257,38 +266,6 @@ func isFinalFailure(ctx context.Context, msg *message.Message, maxDeliveries int
 
 // deliveryKeys are the metadata keys a Subscriber sets on each delivery.
 var deliveryKeys = [...]string{MetadataDeliveryCount, MetadataEntryID, MetadataStream, MetadataGroup, MetadataConsumer}
-
-// origin is where a message came from: its stream, entry id, group and
-// consumer go under the Metadata* keys on delivery (see decodeEntry), and all
-// of it under the MetadataOriginal* keys of a dead letter.
-type origin struct {
-	topic, stream, entryID, group, consumer, deliveryCount string
-}
-
-// deliveryOrigin reads the origin of a delivered message from the metadata the
-// Subscriber set and, for the topic, from the router's context ctx.
-func deliveryOrigin(ctx context.Context, msg *message.Message) origin {
-	return origin{
-		topic:         message.SubscribeTopicFromCtx(ctx),
-		stream:        msg.Metadata.Get(MetadataStream),
-		entryID:       msg.Metadata.Get(MetadataEntryID),
-		group:         msg.Metadata.Get(MetadataGroup),
-		consumer:      msg.Metadata.Get(MetadataConsumer),
-		deliveryCount: msg.Metadata.Get(MetadataDeliveryCount),
-	}
-}
-
-// stamp writes o and cause under the dead-letter keys of md, replacing what
-// those keys held.
-func (o origin) stamp(md message.Metadata, cause string) {
-	md[MetadataError] = cause
-	md[MetadataOriginalTopic] = o.topic
-	md[MetadataOriginalStream] = o.stream
-	md[MetadataOriginalEntryID] = o.entryID
-	md[MetadataOriginalGroup] = o.group
-	md[MetadataOriginalConsumer] = o.consumer
-	md[MetadataOriginalDeliveryCount] = o.deliveryCount
-}
 
 // invalidEntryRecord returns the dead letter of an entry that could not be
 // decoded, as a message that [DefaultMarshaler] writes and reads back

@@ -19,93 +19,6 @@ import (
 	"github.com/echomq/valkeystream"
 )
 
-// fastRedelivery brings a Nacked message back within milliseconds and keeps
-// Close and Ack flushes quick; the shipped defaults work too, only slower.
-func fastRedelivery(c *valkeystream.SubscriberConfig) {
-	c.NackResendDelay = 5 * time.Millisecond
-	c.BlockTime = 50 * time.Millisecond
-	c.AckFlushInterval = 10 * time.Millisecond
-}
-
-// runRouter runs a Watermill router with one handler on e.topic. mw is added
-// to the handler in order: the first is the outermost. The router (and so
-// sub) is closed by the returned stop, or when the test ends.
-func (e *env) runRouter(sub message.Subscriber, h message.NoPublishHandlerFunc, mw ...message.HandlerMiddleware) (stop func()) {
-	e.t.Helper()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
-	require.NoError(e.t, err)
-	router.AddConsumerHandler("handler", e.topic, sub, h).AddMiddleware(mw...)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(context.Background()) }()
-	select {
-	case <-router.Running():
-	case err := <-done:
-		e.t.Fatalf("router stopped before running: %v", err)
-	case <-time.After(receiveTimeout):
-		e.t.Fatalf("router not running within %s", receiveTimeout)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			require.NoError(e.t, router.Close())
-			require.NoError(e.t, <-done)
-		})
-	}
-	e.t.Cleanup(stop)
-	return stop
-}
-
-func (e *env) publisher(edit ...func(*valkeystream.PublisherConfig)) *valkeystream.Publisher {
-	e.t.Helper()
-	cfg := valkeystream.PublisherConfig{Client: e.client}
-	for _, f := range edit {
-		f(&cfg)
-	}
-	pub, err := valkeystream.NewPublisher(cfg, testLogger())
-	require.NoError(e.t, err)
-	return pub
-}
-
-func (e *env) deadLetter(config valkeystream.DeadLetterConfig) message.HandlerMiddleware {
-	e.t.Helper()
-	mw, err := valkeystream.DeadLetter(config)
-	require.NoError(e.t, err)
-	return mw
-}
-
-// stored returns the messages in stream key, decoded with DefaultMarshaler.
-func (e *env) stored(key string) []*message.Message {
-	e.t.Helper()
-	entries, err := e.client.XRange(context.Background(), key, "-", "+").Result()
-	require.NoError(e.t, err)
-	msgs := make([]*message.Message, len(entries))
-	for i, en := range entries {
-		msgs[i], err = valkeystream.DefaultMarshaler{}.Unmarshal(en.Values)
-		require.NoError(e.t, err, "entry %s of %s", en.ID, key)
-	}
-	return msgs
-}
-
-func (e *env) pendingCount(key, group string) int64 {
-	e.t.Helper()
-	p, err := e.client.XPending(context.Background(), key, group).Result()
-	require.NoError(e.t, err)
-	return p.Count
-}
-
-// waitUntil polls cond until it holds and fails the test after
-// receiveTimeout; what names the awaited state.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(receiveTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, receiveTimeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // deliveries records the delivery count a handler saw on each call, by
 // message UUID.
 type deliveries struct {
@@ -516,7 +429,7 @@ func TestDeadLetterRules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pub := &recordingPublisher{err: tt.publishErr}
 			tt.config.Publisher = pub
-			mw, err := valkeystream.DeadLetter(tt.config)
+			mw, err := valkeystream.DeadLetter(tt.config, nil)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			if tt.expires {
@@ -605,6 +518,8 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 		{name: "no publisher", config: valkeystream.DeadLetterConfig{MaxDeliveries: 3}, want: "Publisher is required"},
 		{name: "no max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub}, want: "MaxDeliveries is 0"},
 		{name: "negative max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: -1}, want: "MaxDeliveries is -1"},
+		{name: "suffix that turns dead letters off", config: valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: 3, Suffix: valkeystream.NoDeadLetter},
+			want: "Suffix"},
 		{name: "crash limit not above max deliveries", config: valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: 3, CrashLimit: 3},
 			want: "CrashLimit is 3: it must be 0 (off) or greater than MaxDeliveries (3)"},
 	}
@@ -613,7 +528,7 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 			err := tt.config.Validate()
 			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
 			assert.ErrorContains(t, err, tt.want)
-			mw, err := valkeystream.DeadLetter(tt.config)
+			mw, err := valkeystream.DeadLetter(tt.config, nil)
 			assert.Nil(t, mw)
 			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
 		})
@@ -626,4 +541,29 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 		assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
 		assert.ErrorContains(t, err, fmt.Sprintf("maxDeliveries is %d", n))
 	}
+}
+
+// A DeadLetterConfig.Suffix equal to the Subscriber's DeadLetterSuffix puts
+// both kinds of dead letter of a topic in one stream.
+func TestDeadLetterSuffixFollowsTheSubscriber(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	const suffix = ":failed"
+	require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Err())
+	failing := message.NewMessage(watermill.NewUUID(), []byte("order 8"))
+	require.NoError(t, e.publisher().Publish(e.topic, failing))
+
+	sub := e.subscriber("g", "worker", fastRedelivery, func(c *valkeystream.SubscriberConfig) { c.DeadLetterSuffix = suffix })
+	e.runRouter(sub, func(*message.Message) error { return errors.New("card declined") },
+		e.deadLetter(valkeystream.DeadLetterConfig{Publisher: e.publisher(), MaxDeliveries: 1, Suffix: suffix}))
+
+	waitUntil(t, "both dead-lettered and acknowledged", func() bool {
+		return len(e.stored(e.topic+suffix)) == 2 && e.pendingCount(e.topic, "g") == 0
+	})
+	errs := []string{}
+	for _, m := range e.stored(e.topic + suffix) {
+		errs = append(errs, m.Metadata.Get(valkeystream.MetadataError))
+	}
+	assert.Contains(t, errs, "card declined")
+	assert.Zero(t, e.client.Exists(ctx, e.topic+valkeystream.DefaultDeadLetterSuffix).Val(), "nothing goes to the default suffix")
 }

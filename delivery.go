@@ -2,36 +2,14 @@ package valkeystream
 
 import (
 	"context"
-	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-const (
-	// backoffMin and backoffMax bound the wait after a failed call to the
-	// server; it doubles with each consecutive failure.
-	backoffMin = 100 * time.Millisecond
-	backoffMax = 5 * time.Second
-
-	// closeFlushTimeout bounds how long Close waits for the last Acks to
-	// reach the server.
-	closeFlushTimeout = 5 * time.Second
-)
-
-// chores are what a loop keeps doing while it waits for a handler: sending
-// Acks that are due and renewing its hold on the entries it holds. Each due
-// method returns nil when nothing is due. handedOver is called once the
-// handler has taken a message.
-type chores interface {
-	handedOver()
-	flushDue() <-chan time.Time
-	flushWhileBusy(ctx context.Context)
-	leaseDue() <-chan time.Time
-	renewLeases(ctx context.Context)
-}
+// closeFlushTimeout bounds how long Close waits for the last Acks to reach
+// the server (see [Subscriber.Close]).
+const closeFlushTimeout = 5 * time.Second
 
 // outcome is how a delivery ended.
 type outcome int
@@ -41,118 +19,83 @@ const (
 	acked                           // the handler Acked it
 	nacked                          // the handler Nacked it
 	ackedThenStopped                // it was Acked, and ctx has ended
+	lost                            // not handed over: the entry is not this consumer's any more
 )
 
-// deliver sends msg on out, counts it in sent, and waits until it is Acked or
-// Nacked, doing c's chores (if any) meanwhile.
-func deliver(ctx context.Context, out chan<- *message.Message, msg *message.Message, c chores, sent *atomic.Int64) outcome {
-	for {
-		flush, lease := dueOf(c)
-		select {
-		case out <- msg:
-			sent.Add(1)
-			if c != nil {
-				c.handedOver()
-			}
-			return await(ctx, msg, c)
-		case <-flush:
-			c.flushWhileBusy(ctx)
-		case <-lease:
-			c.renewLeases(ctx)
-		case <-ctx.Done():
-			return stopped
-		}
+// event is what ended a wait.
+type event int
+
+const (
+	evStopped event = iota // ctx ended
+	evSent                 // the handler took the message
+	evAcked
+	evNacked
+	evTimer // the delay passed
+	evFlush // Acks are due
+	evRenew // the hold on held entries is due for renewal
+)
+
+// waits is what a loop waits for; a nil channel never fires. Every wait of a
+// loop (to hand a message over, for its Ack or Nack, for a delay) is one call
+// of next, and the loop itself does what the event asks before it waits
+// again: nothing runs behind its back.
+type waits struct {
+	out    chan<- *message.Message // hand msg over here, until sent
+	msg    *message.Message
+	acked  <-chan struct{} // msg.Acked(), once sent
+	nacked <-chan struct{}
+	timer  <-chan time.Time
+	flush  <-chan time.Time
+	renew  <-chan time.Time
+}
+
+// next blocks until one of w's channels fires or ctx ends.
+func (w *waits) next(ctx context.Context) event {
+	select {
+	case w.out <- w.msg:
+		return evSent
+	case <-w.acked:
+		return evAcked
+	case <-w.nacked:
+		return evNacked
+	case <-w.timer:
+		return evTimer
+	case <-w.flush:
+		return evFlush
+	case <-w.renew:
+		return evRenew
+	case <-ctx.Done():
+		return evStopped
 	}
 }
 
-func await(ctx context.Context, msg *message.Message, c chores) outcome {
-	for {
-		flush, lease := dueOf(c)
-		select {
-		case <-msg.Acked():
-			return acked
-		case <-msg.Nacked():
-			return nacked
-		case <-flush:
-			c.flushWhileBusy(ctx)
-		case <-lease:
-			c.renewLeases(ctx)
-		case <-ctx.Done():
-			select {
-			case <-msg.Acked():
-				return ackedThenStopped // so that Close still sends the Ack
-			default:
-				return stopped
-			}
-		}
-	}
+// sent records that the handler took the message: from now on the wait is
+// for its Ack or Nack.
+func (w *waits) sent() {
+	w.out = nil
+	w.acked, w.nacked = w.msg.Acked(), w.msg.Nacked()
 }
 
-// pause waits for d or until ctx ends, doing c's chores meanwhile, and
-// reports whether d passed.
-func pause(ctx context.Context, d time.Duration, c chores) bool {
+// stopped is the outcome of a delivery whose ctx ended: an Ack that was made
+// meanwhile is still reported, so that Close sends it.
+func (w *waits) stopped() outcome {
+	if w.acked != nil {
+		select {
+		case <-w.acked:
+			return ackedThenStopped
+		default:
+		}
+	}
+	return stopped
+}
+
+// sleep waits for d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	for {
-		flush, lease := dueOf(c)
-		select {
-		case <-t.C:
-			return true
-		case <-flush:
-			c.flushWhileBusy(ctx)
-		case <-lease:
-			c.renewLeases(ctx)
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
-
-func dueOf(c chores) (flush, lease <-chan time.Time) {
-	if c == nil {
-		return nil, nil
-	}
-	return c.flushDue(), c.leaseDue()
-}
-
-// retries paces one loop's retries after failed calls to the server: it
-// counts the failure, logs it, and waits a backoff that grows with each
-// consecutive failure (doing c's chores meanwhile).
-type retries struct {
-	sub    *Subscriber
-	logger watermill.LoggerAdapter
-	n      int // consecutive failures
-}
-
-// fail records a failed call and waits before the next try. It returns false
-// when ctx ended during the wait.
-func (r *retries) fail(ctx context.Context, what string, err error, c chores) bool {
-	r.sub.stats.faults.Add(1)
-	r.n++
-	delay := backoff(r.n)
-	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
-		"operation": what, "attempt": r.n, "retry_in": delay.String()})
-	return pause(ctx, delay, c)
-}
-
-// succeeded ends a streak of failures.
-func (r *retries) succeeded() {
-	if r.n > 0 {
-		r.logger.Info("Stream calls resumed", watermill.LogFields{"failed_attempts": r.n})
-		r.n = 0
-	}
-}
-
-// backoff returns the wait before retry number attempt (1 for the first),
-// with a little jitter so that many consumers do not retry in step.
-func backoff(attempt int) time.Duration {
-	d := backoffMin
-	for i := 1; i < attempt && d < backoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, backoffMax)
-	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+	w := waits{timer: t.C}
+	return w.next(ctx) == evTimer
 }

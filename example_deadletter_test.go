@@ -1,59 +1,61 @@
 package valkeystream_test
 
 import (
-	"context"
+	"errors"
+	"fmt"
 	"log"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream"
 )
 
-// A message that fails on five deliveries goes to "orders.dead", with why and
-// where from, and leaves the group's pending list. Each delivery first gets
-// three quick in-process retries, which do not count as deliveries.
+// printingPublisher prints what it is asked to publish.
+type printingPublisher struct{}
+
+func (printingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		fmt.Printf("published %s to %s: error %q, from entry %s of %s, delivery %s\n", m.UUID, topic,
+			m.Metadata.Get(valkeystream.MetadataError),
+			m.Metadata.Get(valkeystream.MetadataOriginalEntryID),
+			m.Metadata.Get(valkeystream.MetadataOriginalStream),
+			m.Metadata.Get(valkeystream.MetadataOriginalDeliveryCount))
+	}
+	return nil
+}
+
+func (printingPublisher) Close() error { return nil }
+
+// A handler that fails on a message's third delivery gives it up: the
+// middleware publishes a dead letter that says why it failed and where it
+// came from, and reports success, so that the router Acks the original.
+// Earlier failures pass through and Nack it. (Topic is set because this
+// handler runs outside a router; in a router it defaults to the topic plus
+// Suffix.)
 func ExampleDeadLetter() {
-	logger := watermill.NewStdLogger(false, false)
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	defer client.Close()
-
-	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client:          client,
-		ConsumerGroup:   "billing",
-		Start:           valkeystream.StartHead,
-		NackResendDelay: time.Second, // a failed delivery comes back after this
-	}, logger)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, logger)
-	if err != nil {
-		log.Fatal(err)
-	}
 	deadLetter, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{
-		Publisher:     pub,
-		MaxDeliveries: 5,
-		Logger:        logger,
+		Publisher:     printingPublisher{},
+		MaxDeliveries: 3,
+		Topic:         "orders.dead",
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := deadLetter(func(*message.Message) ([]*message.Message, error) {
+		return nil, errors.New("card declined")
 	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, Logger: logger}
 
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
-	if err != nil {
-		log.Fatal(err)
+	for count := 2; count <= 3; count++ {
+		// What a Subscriber sets on a delivered message.
+		msg := message.NewMessage("order-7", []byte(`{"id":7}`))
+		msg.Metadata.Set(valkeystream.MetadataDeliveryCount, fmt.Sprint(count))
+		msg.Metadata.Set(valkeystream.MetadataStream, "orders")
+		msg.Metadata.Set(valkeystream.MetadataEntryID, "1700000000000-0")
+		_, err := handler(msg)
+		fmt.Printf("delivery %d: handler error %v\n", count, err)
 	}
-	// The first middleware added is the outermost: the dead-letter rule sees
-	// the delivery's final error, after the retries and the panic recovery.
-	router.AddMiddleware(deadLetter, retry.Middleware, middleware.Recoverer)
-	router.AddConsumerHandler("charge", "orders", sub, charge)
-
-	if err := router.Run(context.Background()); err != nil {
-		log.Fatal(err)
-	}
+	// Output:
+	// delivery 2: handler error card declined
+	// published order-7 to orders.dead: error "card declined", from entry 1700000000000-0 of orders, delivery 3
+	// delivery 3: handler error <nil>
 }

@@ -1,15 +1,21 @@
 package valkeystream_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
+	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
@@ -89,4 +95,289 @@ func (l *errorLog) lines() []string {
 func (l *errorLog) first(n int) string {
 	lines := l.lines()
 	return strings.Join(lines[:min(n, len(lines))], "; ")
+}
+
+// receiveTimeout bounds every wait for a message that must arrive. It is a
+// deadline for a hang, not a speed requirement.
+const receiveTimeout = 20 * time.Second
+
+// env is one test's server, client and topic.
+type env struct {
+	t      *testing.T
+	srv    *testserver.Server
+	client *redis.Client
+	topic  string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := testserver.Start(t)
+	return &env{t: t, srv: srv, client: newClient(t, srv), topic: "topic-" + watermill.NewShortUUID()}
+}
+
+// subscriber returns a consumer-group Subscriber on the env's client, closed
+// when the test ends. edit adjusts the config.
+func (e *env) subscriber(group, consumer string, edit ...func(*valkeystream.SubscriberConfig)) *valkeystream.Subscriber {
+	e.t.Helper()
+	cfg := valkeystream.SubscriberConfig{
+		Client:        e.client,
+		ConsumerGroup: group,
+		Consumer:      consumer,
+		Start:         valkeystream.StartHead,
+	}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	sub, err := valkeystream.NewSubscriber(cfg, testLogger())
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func (e *env) subscribe(sub *valkeystream.Subscriber) <-chan *message.Message {
+	e.t.Helper()
+	msgs, err := sub.Subscribe(context.Background(), e.topic)
+	require.NoError(e.t, err)
+	return msgs
+}
+
+// publish publishes n messages with payloads "0".."n-1" and returns them.
+func (e *env) publish(n int) []*message.Message {
+	e.t.Helper()
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, testLogger())
+	require.NoError(e.t, err)
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))
+	}
+	require.NoError(e.t, pub.Publish(e.topic, msgs...))
+	return msgs
+}
+
+func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		require.True(t, ok, "channel closed, want a message")
+		return m
+	case <-time.After(receiveTimeout):
+		t.Fatalf("no message within %s", receiveTimeout)
+		return nil
+	}
+}
+
+// receiveAll receives n messages, acking each, and returns their UUIDs.
+func receiveAll(t *testing.T, msgs <-chan *message.Message, n int) []string {
+	t.Helper()
+	var ids []string
+	for range n {
+		m := receive(t, msgs)
+		ids = append(ids, m.UUID)
+		m.Ack()
+	}
+	return ids
+}
+
+// expectNothing fails if a message arrives within d.
+func expectNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		if ok {
+			t.Fatalf("got message %s (payload %q), want none", m.UUID, m.Payload)
+		}
+	case <-time.After(d):
+	}
+}
+
+func (e *env) pending(group string) []redis.XPendingExt {
+	e.t.Helper()
+	p, err := e.client.XPendingExt(context.Background(), &redis.XPendingExtArgs{
+		Stream: e.topic, Group: group, Start: "-", End: "+", Count: 1000}).Result()
+	require.NoError(e.t, err)
+	return p
+}
+
+func uuidsOf(msgs []*message.Message) []string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.UUID
+	}
+	return ids
+}
+
+// shortClaim makes a peer reclaim quickly; the shipped ClaimMinIdle of 30 s
+// would make this test wait that long.
+func shortClaim(c *valkeystream.SubscriberConfig) {
+	c.BlockTime = 50 * time.Millisecond
+	c.ClaimInterval = 50 * time.Millisecond
+	c.ClaimMinIdle = 300 * time.Millisecond
+	c.AckFlushInterval = 10 * time.Millisecond
+}
+
+// collect gathers what a peer receives, acking it, until the test ends.
+func collect(t *testing.T, msgs <-chan *message.Message) func() []*message.Message {
+	var mu sync.Mutex
+	var got []*message.Message
+	go func() {
+		for m := range msgs {
+			mu.Lock()
+			got = append(got, m)
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	return func() []*message.Message {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]*message.Message(nil), got...)
+	}
+}
+
+// leaseClaim makes a peer reclaim within seconds while leaving a renewal
+// (every ClaimMinIdle/3 = 500 ms) a second of slack, so that a loaded machine
+// that delays one renewal does not hand a live entry to the peer.
+func leaseClaim(c *valkeystream.SubscriberConfig) {
+	shortClaim(c)
+	c.ClaimMinIdle = 1500 * time.Millisecond
+}
+
+// receiveEntryID finds the stream entry id of a published message.
+func receiveEntryID(t *testing.T, e *env, uuid string) string {
+	t.Helper()
+	entries, err := e.client.XRange(context.Background(), e.topic, "-", "+").Result()
+	require.NoError(t, err)
+	for _, en := range entries {
+		if en.Values[valkeystream.FieldUUID] == uuid {
+			return en.ID
+		}
+	}
+	t.Fatalf("no entry holds message %s", uuid)
+	return ""
+}
+
+// processHook is a redis.Hook that wraps single commands and lets dials and
+// pipelines through.
+type processHook func(next redis.ProcessHook) redis.ProcessHook
+
+func (h processHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
+func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// isScript reports whether cmd runs a server-side script (EVALSHA, EVAL).
+func isScript(cmd redis.Cmder) bool {
+	return cmd.Name() == "evalsha" || cmd.Name() == "eval"
+}
+
+// fastRedelivery brings a Nacked message back within milliseconds and keeps
+// Close and Ack flushes quick; the shipped defaults work too, only slower.
+func fastRedelivery(c *valkeystream.SubscriberConfig) {
+	c.NackResendDelay = 5 * time.Millisecond
+	c.BlockTime = 50 * time.Millisecond
+	c.AckFlushInterval = 10 * time.Millisecond
+}
+
+// runRouter runs a Watermill router with one handler on e.topic. mw is added
+// to the handler in order: the first is the outermost. The router (and so
+// sub) is closed by the returned stop, or when the test ends.
+func (e *env) runRouter(sub message.Subscriber, h message.NoPublishHandlerFunc, mw ...message.HandlerMiddleware) (stop func()) {
+	e.t.Helper()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
+	require.NoError(e.t, err)
+	router.AddConsumerHandler("handler", e.topic, sub, h).AddMiddleware(mw...)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.Background()) }()
+	select {
+	case <-router.Running():
+	case err := <-done:
+		e.t.Fatalf("router stopped before running: %v", err)
+	case <-time.After(receiveTimeout):
+		e.t.Fatalf("router not running within %s", receiveTimeout)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			require.NoError(e.t, router.Close())
+			require.NoError(e.t, <-done)
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) publisher(edit ...func(*valkeystream.PublisherConfig)) *valkeystream.Publisher {
+	e.t.Helper()
+	cfg := valkeystream.PublisherConfig{Client: e.client}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	pub, err := valkeystream.NewPublisher(cfg, testLogger())
+	require.NoError(e.t, err)
+	return pub
+}
+
+func (e *env) deadLetter(config valkeystream.DeadLetterConfig) message.HandlerMiddleware {
+	e.t.Helper()
+	mw, err := valkeystream.DeadLetter(config, testLogger())
+	require.NoError(e.t, err)
+	return mw
+}
+
+// stored returns the messages in stream key, decoded with DefaultMarshaler.
+func (e *env) stored(key string) []*message.Message {
+	e.t.Helper()
+	entries, err := e.client.XRange(context.Background(), key, "-", "+").Result()
+	require.NoError(e.t, err)
+	msgs := make([]*message.Message, len(entries))
+	for i, en := range entries {
+		msgs[i], err = valkeystream.DefaultMarshaler{}.Unmarshal(en.Values)
+		require.NoError(e.t, err, "entry %s of %s", en.ID, key)
+	}
+	return msgs
+}
+
+func (e *env) pendingCount(key, group string) int64 {
+	e.t.Helper()
+	p, err := e.client.XPending(context.Background(), key, group).Result()
+	require.NoError(e.t, err)
+	return p.Count
+}
+
+// waitUntil polls cond until it holds and fails the test after
+// receiveTimeout; what names the awaited state.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(receiveTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, receiveTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// commandCounter returns a client of e's server that counts the commands
+// named name (lower case, such as "xautoclaim") sent through it that have
+// returned, and the count. Pipelined commands are not counted.
+func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
+	e.t.Helper()
+	c := newClient(e.t, e.srv)
+	var n atomic.Int64
+	c.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if cmd.Name() == name {
+				n.Add(1)
+			}
+			return err
+		}
+	}))
+	return c, &n
+}
+
+// onClient makes a Subscriber use client.
+func onClient(client *redis.Client) func(*valkeystream.SubscriberConfig) {
+	return func(c *valkeystream.SubscriberConfig) { c.Client = client }
 }

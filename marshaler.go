@@ -1,6 +1,7 @@
 package valkeystream
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strconv"
@@ -72,10 +73,16 @@ type Unmarshaler interface {
 // decodeEntry runs u on an entry's fields and sets the keys that tell where
 // the message came from (from's stream, entry id, group and consumer; the
 // last two empty in fan-out), replacing any published under those names. An
-// Unmarshaler that returns neither a message nor an error has the entry
-// treated as undecodable rather than crashing the subscription.
-func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (*message.Message, error) {
-	msg, err := u.Unmarshal(fields)
+// Unmarshaler that returns neither a message nor an error, or that panics,
+// has the entry treated as undecodable rather than crashing the
+// subscription or the process.
+func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (msg *message.Message, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg, err = nil, fmt.Errorf("%w: the Unmarshaler (%T) panicked: %v", ErrInvalidEntry, u, p)
+		}
+	}()
+	msg, err = u.Unmarshal(fields)
 	switch {
 	case err != nil:
 		return nil, err
@@ -89,6 +96,38 @@ func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (*message.Me
 	msg.Metadata.Set(MetadataGroup, from.group)
 	msg.Metadata.Set(MetadataConsumer, from.consumer)
 	return msg, nil
+}
+
+// origin is where a message came from: its stream, entry id, group and
+// consumer go under the Metadata* keys on delivery (see decodeEntry), and all
+// of it under the MetadataOriginal* keys of a dead letter.
+type origin struct {
+	topic, stream, entryID, group, consumer, deliveryCount string
+}
+
+// deliveryOrigin reads the origin of a delivered message from the metadata the
+// Subscriber set and, for the topic, from the router's context ctx.
+func deliveryOrigin(ctx context.Context, msg *message.Message) origin {
+	return origin{
+		topic:         message.SubscribeTopicFromCtx(ctx),
+		stream:        msg.Metadata.Get(MetadataStream),
+		entryID:       msg.Metadata.Get(MetadataEntryID),
+		group:         msg.Metadata.Get(MetadataGroup),
+		consumer:      msg.Metadata.Get(MetadataConsumer),
+		deliveryCount: msg.Metadata.Get(MetadataDeliveryCount),
+	}
+}
+
+// stamp writes o and cause under the dead-letter keys of md, replacing what
+// those keys held.
+func (o origin) stamp(md message.Metadata, cause string) {
+	md[MetadataError] = cause
+	md[MetadataOriginalTopic] = o.topic
+	md[MetadataOriginalStream] = o.stream
+	md[MetadataOriginalEntryID] = o.entryID
+	md[MetadataOriginalGroup] = o.group
+	md[MetadataOriginalConsumer] = o.consumer
+	md[MetadataOriginalDeliveryCount] = o.deliveryCount
 }
 
 // DefaultMarshaler writes the UUID and the payload under [FieldUUID] and

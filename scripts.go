@@ -42,10 +42,16 @@ return out
 // over meanwhile. It returns {"ok", count, fields}, or {"gone"} when the entry
 // is not pending (it was acknowledged elsewhere), {"taken"} when another
 // consumer holds it, {"missing"} when its body was trimmed or deleted (it is
-// then acknowledged). Redis 7 and Valkey answer XCLAIM of such an entry with
+// left pending, for the caller to acknowledge). Redis 7 and Valkey answer XCLAIM of such an entry with
 // nothing; Redis 6.2 with a null element or an entry without fields.
 //
-// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id.
+// It is idempotent, because a client may send it again after a network
+// error that hid a reply: it claims only while the entry's count is still
+// ARGV[4], that of the Nacked delivery; a higher count means an earlier run
+// of the same call claimed it already, and it answers as that run did.
+//
+// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id, ARGV[4] the
+// delivery count of the Nacked delivery.
 var claimBackScript = redis.NewScript(`
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if p.err then
@@ -57,9 +63,15 @@ end
 if p[1][2] ~= ARGV[2] then
   return {'taken'}
 end
+if p[1][4] > tonumber(ARGV[4]) then
+  local r = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+  if #r == 0 then
+    return {'missing'}
+  end
+  return {'ok', p[1][4], r[1][2]}
+end
 local c = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
 if #c == 0 or not c[1] or not c[1][2] then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
   return {'missing'}
 end
 local q = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/redis/go-redis/v9"
+)
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
 // Subscriber reads stream entries as Watermill messages. It implements
@@ -57,19 +60,29 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 
 // SubscribeInitialize runs the group door for topic: it creates the consumer
 // group (and the stream) if they do not exist yet. Subscribe does the same, so
-// calling it is optional. Without a consumer group it does nothing.
+// calling it is optional. Without a consumer group it does nothing. After
+// Close it returns ErrSubscriberClosed.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if topic == "" {
 		return errors.New("valkeystream: subscribe initialize: topic is empty")
-	}
-	if s.config.ConsumerGroup == "" {
-		return nil
 	}
 	if err := s.begin(); err != nil {
 		return err
 	}
 	defer s.wg.Done() // Close waits for the door before it may close the client
-	return s.openGroup(s.closing, s.config.KeyPrefix+topic)
+	if s.config.ConsumerGroup == "" {
+		return nil
+	}
+	return s.closedOr(s.openGroup(s.closing, s.config.KeyPrefix+topic))
+}
+
+// closedOr returns ErrSubscriberClosed in place of err when Close ended the
+// call that failed with err, else err.
+func (s *Subscriber) closedOr(err error) error {
+	if err != nil && s.closing.Err() != nil {
+		return ErrSubscriberClosed
+	}
+	return err
 }
 
 // begin registers work that Close must wait for (call s.wg.Done when it
@@ -86,7 +99,8 @@ func (s *Subscriber) begin() error {
 
 // Subscribe starts a subscription to topic and returns its messages. With a
 // consumer group it first runs the group door, and returns a
-// *GroupCreateError if the server refuses it. The channel is closed when ctx
+// *GroupCreateError if the server refuses it. After Close, or when Close
+// ends it while it starts, it returns ErrSubscriberClosed. The channel is closed when ctx
 // is cancelled or the Subscriber is closed.
 //
 // Messages are sent one at a time: the next one comes after the previous was
@@ -100,11 +114,21 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 
 	// The subscription's context ends with ctx or with Close, whichever
-	// comes first; the loop watches nothing else.
+	// comes first; the loop watches nothing else. The watcher that cancels
+	// it on Close runs in a goroutine of its own, which Close waits for too.
 	runCtx, cancel := context.WithCancel(ctx)
-	stopWatch := context.AfterFunc(s.closing, cancel)
+	s.wg.Add(1) // covered by begin's hold until the watcher is stopped or done
+	stopWatch := context.AfterFunc(s.closing, func() {
+		defer s.wg.Done()
+		cancel()
+	})
+	unwatch := func() {
+		if stopWatch() {
+			s.wg.Done() // the watcher never ran
+		}
+	}
 	abort := func() {
-		stopWatch()
+		unwatch()
 		cancel()
 		s.wg.Done()
 	}
@@ -119,7 +143,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		start, err := s.fanOutStart(runCtx, key)
 		if err != nil {
 			abort()
-			return nil, err
+			return nil, s.closedOr(err)
 		}
 		logger := s.logger.With(logFields)
 		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
@@ -127,11 +151,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	} else {
 		if err := s.openGroup(runCtx, key); err != nil {
 			abort()
-			return nil, err
+			return nil, s.closedOr(err)
 		}
 		if err := s.checkScripts(runCtx, key); err != nil {
 			abort()
-			return nil, err
+			return nil, s.closedOr(err)
 		}
 		var consumer string
 		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
@@ -145,7 +169,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		defer s.wg.Done()
 		defer release()
 		defer cancel()
-		defer stopWatch()
+		defer unwatch()
 		l.run(runCtx)
 	}()
 	return out, nil
@@ -153,16 +177,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close stops every subscription, sends the Acks not sent yet, closes the
 // message channels and waits until every goroutine of the Subscriber has
-// returned. It closes the client only if CloseClient is set.
-//
-// Close cannot interrupt a call in progress: a blocking read ends within
-// BlockTime, any other call within the client's own timeouts (ReadTimeout,
-// WriteTimeout and its retries; go-redis honours context deadlines only with
-// ContextTimeoutEnabled). The last Acks get 5 s when the client honours
-// deadlines, else the client's timeouts; Acks that do not reach the server
-// mean redeliveries, never loss. Close may be
+// returned. It closes the client only if CloseClient is set. It may be
 // called more than once and from several goroutines; each call returns after
-// the Subscriber has stopped.
+// the Subscriber has stopped. It cannot interrupt a call in progress, so how
+// long it takes depends on BlockTime and the client's timeouts: the bound is
+// stated in docs/design.md ("Close"). Acks that do not reach the server mean
+// redeliveries, never loss.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	s.closed = true
@@ -177,102 +197,6 @@ func (s *Subscriber) Close() error {
 		}
 	})
 	return s.closeErr
-}
-
-// openGroup is the group door: XGROUP CREATE <key> <group> <start> MKSTREAM,
-// where BUSYGROUP is success and every other reply an error.
-func (s *Subscriber) openGroup(ctx context.Context, key string) error {
-	err := s.config.Client.XGroupCreateMkStream(ctx, key, s.config.ConsumerGroup, s.config.Start.id()).Err()
-	if err == nil || redis.HasErrorPrefix(err, "BUSYGROUP") {
-		return nil
-	}
-	return &GroupCreateError{Key: key, Group: s.config.ConsumerGroup, Err: err}
-}
-
-// checkScripts runs both server-side scripts of the loop once, with
-// arguments that change nothing, so that a client that may not run scripts
-// fails at Subscribe rather than at its first Nack, and so that the server
-// has them cached.
-func (s *Subscriber) checkScripts(ctx context.Context, key string) error {
-	group, consumer := s.config.ConsumerGroup, s.config.Consumer
-	err := renewScript.Run(ctx, s.config.Client, []string{key}, group, consumer).Err()
-	if err == nil {
-		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1").Err()
-	}
-	if err == nil || errors.Is(err, redis.Nil) {
-		return nil
-	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
-		return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused to run the subscription's scripts (EVALSHA, EVAL); allow them for this client: %w",
-			key, group, err)
-	}
-	return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: checking the subscription's scripts: %w", key, group, err)
-}
-
-// fanOutStart resolves where a fan-out subscription begins. StartNew is turned
-// into the id of the last entry now, so that nothing added after Subscribe
-// returns is missed.
-func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error) {
-	if s.config.Start == StartHead {
-		return "0-0", nil
-	}
-	last, err := s.config.Client.XRevRangeN(ctx, key, "+", "-", 1).Result()
-	if err != nil {
-		return "", fmt.Errorf("valkeystream: reading the last entry of stream %q to start a fan-out subscription: %w", key, err)
-	}
-	if len(last) == 0 {
-		return "0-0", nil
-	}
-	return last[0].ID, nil
-}
-
-// Stats are counters of a Subscriber since it was created, summed over its
-// subscriptions.
-type Stats struct {
-	// Delivered counts messages sent on subscription channels, redeliveries
-	// included.
-	Delivered int64
-	// Acked counts entries acknowledged to the server with XACK.
-	Acked int64
-	// Nacked counts Nacks.
-	Nacked int64
-	// Drained counts own pending entries delivered again after a start or a
-	// fault.
-	Drained int64
-	// Reclaimed counts entries taken over from idle consumers by XAUTOCLAIM.
-	Reclaimed int64
-	// MissingBodies counts pending entries that were trimmed or deleted from
-	// the stream before they were handled: they are acknowledged and logged,
-	// never delivered.
-	MissingBodies int64
-	// InvalidEntries counts entries that could not be decoded. With a group
-	// they are dead-lettered (see DeadLetterSuffix) and acknowledged; in
-	// fan-out they are logged and skipped.
-	InvalidEntries int64
-	// Faults counts failed calls to the server: reads, claims, Acks and
-	// renewals. Reads and claims back off before they retry; a failed
-	// renewal is tried again on its next beat.
-	Faults int64
-}
-
-type counters struct {
-	delivered, acked, nacked, drained, reclaimed, missingBodies, invalidEntries, faults atomic.Int64
-}
-
-// Stats returns the Subscriber's counters.
-func (s *Subscriber) Stats() Stats {
-	c := &s.stats
-	return Stats{
-		Delivered:      c.delivered.Load(),
-		Acked:          c.acked.Load(),
-		Nacked:         c.nacked.Load(),
-		Drained:        c.drained.Load(),
-		Reclaimed:      c.reclaimed.Load(),
-		MissingBodies:  c.missingBodies.Load(),
-		InvalidEntries: c.invalidEntries.Load(),
-		Faults:         c.faults.Load(),
-	}
 }
 
 // consumerNames holds the consumer names in use by running subscriptions of

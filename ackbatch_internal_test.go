@@ -1,0 +1,79 @@
+package valkeystream
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// fired reports whether c fires within d (nil never fires).
+func fired(c <-chan time.Time, d time.Duration) bool {
+	select {
+	case <-c:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func TestAckBatchIsDueAfterItsInterval(t *testing.T) {
+	b := newAckBatch(50 * time.Millisecond)
+	if b.due() != nil {
+		t.Fatal("an empty batch has a due channel, want nil")
+	}
+	b.add("1-0")
+	b.add("2-0")
+	if got := b.len(); got != 2 {
+		t.Fatalf("len is %d, want 2", got)
+	}
+	if !fired(b.due(), 10*time.Second) {
+		t.Fatal("the batch never came due")
+	}
+}
+
+func TestAckBatchAtOnceIsDueAtOnce(t *testing.T) {
+	b := newAckBatch(-1)
+	if !b.atOnce() {
+		t.Fatal("atOnce is false for a negative interval")
+	}
+	b.add("1-0")
+	// At once: due without waiting an interval (a generous bound, never a
+	// speed requirement).
+	if !fired(b.due(), 10*time.Second) {
+		t.Fatal("the batch never came due")
+	}
+}
+
+func TestAckBatchSettle(t *testing.T) {
+	b := newAckBatch(time.Hour)
+	b.add("1-0")
+	b.add("2-0")
+
+	failed := redis.NewIntCmd(nil)
+	failed.SetErr(errors.New("connection reset"))
+	if _, err := b.settle(failed); err == nil {
+		t.Fatal("settle of a failed XACK returned no error")
+	}
+	if got := b.failed(); got != 1 {
+		t.Fatalf("failed returned %d, want 1", got)
+	}
+	if got := b.failed(); got != 2 {
+		t.Fatalf("failed returned %d, want 2", got)
+	}
+	if !slices.Equal(b.ids, []string{"1-0", "2-0"}) {
+		t.Fatalf("ids after a failed send are %v, want both kept", b.ids)
+	}
+
+	ok := redis.NewIntCmd(nil)
+	ok.SetVal(1)
+	n, err := b.settle(ok)
+	if err != nil || n != 1 {
+		t.Fatalf("settle = %d, %v, want 1, nil", n, err)
+	}
+	if b.len() != 0 || b.due() != nil || b.faults != 0 {
+		t.Fatalf("after a sent batch: len %d, due %v, faults %d, want 0, nil, 0", b.len(), b.due(), b.faults)
+	}
+}

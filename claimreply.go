@@ -1,0 +1,118 @@
+package valkeystream
+
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed
+// entries, the ids the server dropped because their bodies are gone (Redis 7
+// and later, Valkey), and how many claimed entries came back as a bare null
+// (Redis 6.2 reports a claimed entry whose body is gone that way, without its
+// id, and keeps it pending for the claiming consumer).
+func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, nulls int, err error) {
+	if len(reply) < 2 {
+		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
+	}
+	next, ok := reply[0].(string)
+	if !ok {
+		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
+	}
+	list, _ := reply[1].([]any)
+	for _, item := range list {
+		if item == nil {
+			nulls++
+			continue
+		}
+		pair, ok := item.([]any)
+		if !ok || len(pair) != 2 {
+			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
+		}
+		id, ok := pair[0].(string)
+		if !ok {
+			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
+		}
+		m := redis.XMessage{ID: id}
+		if pair[1] != nil {
+			if m.Values, err = fieldMap(pair[1]); err != nil {
+				return "", nil, nil, 0, err
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	if len(reply) >= 3 {
+		ids, _ := reply[2].([]any)
+		for _, v := range ids {
+			if id, ok := v.(string); ok {
+				deleted = append(deleted, id)
+			}
+		}
+	}
+	return next, msgs, deleted, nulls, nil
+}
+
+// fieldMap turns an entry's field list (or map, in RESP3) into a map.
+func fieldMap(v any) (map[string]any, error) {
+	switch f := v.(type) {
+	case []any:
+		if len(f)%2 != 0 {
+			return nil, fmt.Errorf("entry has an odd number (%d) of field elements", len(f))
+		}
+		m := make(map[string]any, len(f)/2)
+		for i := 0; i < len(f); i += 2 {
+			k, ok := f[i].(string)
+			if !ok {
+				return nil, fmt.Errorf("entry field name of type %T", f[i])
+			}
+			m[k] = f[i+1]
+		}
+		return m, nil
+	case map[any]any:
+		m := make(map[string]any, len(f))
+		for k, val := range f {
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("entry field name of type %T", k)
+			}
+			m[ks] = val
+		}
+		return m, nil
+	default:
+		return nil, fmt.Errorf("entry fields of type %T", v)
+	}
+}
+
+// claimBackReply is the answer of claimBackScript.
+type claimBackReply struct {
+	status string // "ok", "gone", "taken" or "missing"
+	count  int64  // the delivery count, with "ok"
+	fields map[string]any
+}
+
+// parseClaimBack reads the reply of claimBackScript.
+func parseClaimBack(reply []any) (claimBackReply, error) {
+	if len(reply) == 0 {
+		return claimBackReply{}, fmt.Errorf("empty reply to the nack claim")
+	}
+	status, _ := reply[0].(string)
+	switch status {
+	case "gone", "taken", "missing":
+		return claimBackReply{status: status}, nil
+	case "ok":
+	default:
+		return claimBackReply{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+	}
+	if len(reply) != 3 {
+		return claimBackReply{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+	}
+	count, ok := reply[1].(int64)
+	if !ok {
+		return claimBackReply{}, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
+	}
+	fields, err := fieldMap(reply[2])
+	if err != nil {
+		return claimBackReply{}, err
+	}
+	return claimBackReply{status: status, count: count, fields: fields}, nil
+}

@@ -1,0 +1,175 @@
+package valkeystream_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+)
+
+func TestGroupDoorRestartStormHasNoErrors(t *testing.T) {
+	e := newEnv(t)
+	const n = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := e.subscriber("storm", fmt.Sprintf("c%d", i))
+			_, err := sub.Subscribe(context.Background(), e.topic)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	groups, err := e.client.XInfoGroups(context.Background(), e.topic).Result()
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	assert.Equal(t, "storm", groups[0].Name)
+}
+
+func TestGroupDoorRefusesWrongType(t *testing.T) {
+	e := newEnv(t)
+	require.NoError(t, e.client.Set(context.Background(), e.topic, "not a stream", 0).Err())
+	sub := e.subscriber("g", "c")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.Error(t, err)
+	var doorErr *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &doorErr)
+	assert.Equal(t, e.topic, doorErr.Key)
+	assert.Equal(t, "g", doorErr.Group)
+	for _, want := range []string{e.topic, `"g"`, "WRONGTYPE"} {
+		assert.Contains(t, err.Error(), want)
+	}
+	assert.ErrorContains(t, sub.SubscribeInitialize(e.topic), "WRONGTYPE")
+	// The door never deletes: the key is untouched.
+	assert.Equal(t, "not a stream", e.client.Get(context.Background(), e.topic).Val())
+}
+
+func TestGroupDoorCreatesStreamBeforeAnyWriter(t *testing.T) {
+	e := newEnv(t)
+	sub := e.subscriber("g", "c")
+	require.NoError(t, sub.SubscribeInitialize(e.topic))
+	typ, err := e.client.Type(context.Background(), e.topic).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "stream", typ)
+}
+
+func TestDeclaredStart(t *testing.T) {
+	e := newEnv(t)
+	old := e.publish(2)
+
+	newSub := e.subscriber("from-new", "c", func(c *valkeystream.SubscriberConfig) { c.Start = valkeystream.StartNew })
+	headSub := e.subscriber("from-head", "c")
+	newMsgs := e.subscribe(newSub)
+	headMsgs := e.subscribe(headSub)
+	fresh := e.publish(1)
+
+	assert.Equal(t, uuidsOf(fresh), receiveAll(t, newMsgs, 1), "StartNew must skip entries older than the group")
+	expectNothing(t, newMsgs, 200*time.Millisecond)
+	assert.Equal(t, append(uuidsOf(old), uuidsOf(fresh)...), receiveAll(t, headMsgs, 3), "StartHead must replay the stream")
+
+	// An existing group keeps its position whatever a later subscriber declares.
+	require.NoError(t, newSub.Close())
+	again := e.subscriber("from-new", "c") // declares StartHead
+	againMsgs := e.subscribe(again)
+	expectNothing(t, againMsgs, 300*time.Millisecond)
+}
+
+// limitedSubscriber returns a group Subscriber whose client logs in as a
+// user with every permission but the ACL rule deny (e.g. "-xgroup").
+func limitedSubscriber(t *testing.T, e *env, user, deny string) *valkeystream.Subscriber {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "+@all", deny).Err())
+	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", user).Err() })
+	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: user, Password: "secret"})
+	t.Cleanup(func() { _ = limited.Close() })
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
+	e := newEnv(t)
+	sub := limitedSubscriber(t, e, "no-scripts", "-@scripting")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.Error(t, err, "a subscription that could not Nack must not start")
+	assert.ErrorContains(t, err, "NOPERM")
+	assert.ErrorContains(t, err, "EVALSHA")
+	require.NoError(t, sub.Close())
+}
+
+// A script call that fails without a reply from the server (a connection
+// lost, say) fails Subscribe with the cause, not with advice about
+// permissions.
+func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
+	e := newEnv(t)
+	lost := errors.New("connection lost")
+	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if isScript(cmd) {
+				cmd.SetErr(lost)
+				return lost
+			}
+			return next(ctx, cmd)
+		}
+	}))
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+
+	_, err = sub.Subscribe(context.Background(), e.topic)
+	require.ErrorIs(t, err, lost)
+	assert.ErrorContains(t, err, "checking the subscription's scripts")
+	assert.NotContains(t, err.Error(), "refused", "no reply is not a refusal")
+}
+
+func TestGroupRecreatedWhenItVanishes(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	// A short BlockTime makes the loop notice the deleted stream sooner; the
+	// default works too, only slower.
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
+	msgs := e.subscribe(sub)
+	first := e.publish(1)
+	assert.Equal(t, uuidsOf(first), receiveAll(t, msgs, 1))
+
+	require.NoError(t, e.client.Del(ctx, e.topic).Err())
+	later := e.publish(1)
+	assert.Equal(t, uuidsOf(later), receiveAll(t, msgs, 1), "the door runs again and the group (StartHead) replays the new stream")
+	groups, err := e.client.XInfoGroups(ctx, e.topic).Result()
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+}
+
+func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
+	e := newEnv(t)
+	sub := limitedSubscriber(t, e, "no-xgroup", "-xgroup")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	var doorErr *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &doorErr)
+	assert.ErrorContains(t, err, "NOPERM")
+	assert.ErrorContains(t, err, e.topic)
+	require.NoError(t, sub.Close())
+}

@@ -1,0 +1,100 @@
+package valkeystream
+
+import "time"
+
+// step is what a group loop fetches next.
+type step int
+
+const (
+	// stepDrain reads the consumer's own pending entries from a cursor
+	// (XREADGROUP ... <id>), after a start or a fault.
+	stepDrain step = iota + 1
+	// stepSweep lists the own pending entries (XPENDING) only to
+	// acknowledge those whose bodies are gone, right after a claim reported
+	// such entries without their ids (Redis 6.2), before the claimed batch is
+	// delivered. Unlike a drain it grows no delivery count.
+	stepSweep
+	// stepClaim reclaims idle entries of other consumers (XAUTOCLAIM).
+	stepClaim
+	// stepRead reads new entries (XREADGROUP ... >).
+	stepRead
+)
+
+// fetchPlan holds a group loop's fetch cursors and decides what it fetches
+// next: its own pending entries first, after a start or a fault; idle entries
+// of others when the claim beat is due, following XAUTOCLAIM's cursor to the
+// end of the pending list; new entries otherwise. It calls the server for
+// nothing: the loop runs the step and reports back.
+type fetchPlan struct {
+	draining  bool   // the own pending list is being drained
+	drainFrom string // cursor of the drain (an id, read after)
+	sweeping  bool   // bodiless entries were claimed; sweep before delivering
+	sweepFrom string // cursor of the sweep (an XPENDING range start)
+	claimFrom string // cursor of XAUTOCLAIM
+	nextClaim time.Time
+	every     time.Duration // the claim beat; negative: never claim
+}
+
+// newFetchPlan returns the plan of a loop that starts: drain first, and claim
+// on the first beat (at once) unless every is negative.
+func newFetchPlan(every time.Duration) fetchPlan {
+	return fetchPlan{draining: true, drainFrom: "0", claimFrom: "0-0", every: every}
+}
+
+// next returns the step to run at now.
+func (p *fetchPlan) next(now time.Time) step {
+	switch {
+	case p.sweeping:
+		return stepSweep
+	case p.draining:
+		return stepDrain
+	case p.every >= 0 && !now.Before(p.nextClaim):
+		return stepClaim
+	default:
+		return stepRead
+	}
+}
+
+// mustFetch reports whether the loop must fetch before it delivers what it
+// holds: a sweep cannot wait for the queue to empty.
+func (p *fetchPlan) mustFetch() bool { return p.sweeping }
+
+// drained records a drain that returned entries up to last, or nothing
+// (last == ""), which ends it.
+func (p *fetchPlan) drained(last string) {
+	if last != "" {
+		p.drainFrom = last
+		return
+	}
+	p.drainFrom, p.draining = "0", false
+}
+
+// swept records a sweep that goes on from next, or that listed everything
+// (next == ""), which ends it.
+func (p *fetchPlan) swept(next string) {
+	if next != "" {
+		p.sweepFrom = next
+		return
+	}
+	p.sweepFrom, p.sweeping = "", false
+}
+
+// claimed records a claim that answered cursor next and reported nulls
+// bodiless entries without their ids. A cursor of 0-0 means the pending list
+// was scanned to its end: the next claim waits for the next beat; any other
+// cursor means more to reclaim first.
+func (p *fetchPlan) claimed(next string, nulls int, now time.Time) {
+	p.claimFrom = next
+	if next == "0-0" {
+		p.nextClaim = now.Add(p.every)
+	}
+	if nulls > 0 {
+		p.sweeping, p.sweepFrom = true, "-"
+	}
+}
+
+// restart makes the loop drain its own pending list again from its start,
+// after a fault.
+func (p *fetchPlan) restart() {
+	p.draining, p.sweeping, p.drainFrom = true, false, "0"
+}

@@ -1,0 +1,252 @@
+package valkeystream_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
+)
+
+func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
+	e := newEnv(t)
+	// A short BlockTime makes the cancelled subscription end sooner; the
+	// default bounds it at 500 ms.
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 50 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	ended, err := sub.Subscribe(ctx, e.topic)
+	require.NoError(t, err)
+	other, err := sub.Subscribe(context.Background(), e.topic+"-other")
+	require.NoError(t, err)
+	cancel()
+	select {
+	case _, ok := <-ended:
+		assert.False(t, ok)
+	case <-time.After(receiveTimeout):
+		t.Fatal("the channel of a cancelled subscription was not closed")
+	}
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	require.NoError(t, pub.Publish(e.topic+"-other", msg))
+	assert.Equal(t, msg.UUID, receiveAll(t, other, 1)[0])
+}
+
+func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(2)
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.AckFlushInterval = time.Minute // only Close sends it
+		c.ClaimMinIdle = 2 * time.Minute
+	})
+	msgs := e.subscribe(sub)
+	m := receive(t, msgs)
+	m.Ack()
+	// The loop now waits to hand over the second message, holding the Ack.
+	require.NoError(t, sub.Close())
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, receiveEntryID(t, e, sent[1].UUID), p[0].ID)
+	_, open := <-msgs
+	assert.False(t, open, "Close closes the channel")
+}
+
+func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
+	e := newEnv(t)
+	// A short BlockTime keeps the twenty Closes quick; the default works too.
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 20 * time.Millisecond })
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs, err := sub.Subscribe(context.Background(), fmt.Sprintf("%s-%d", e.topic, i))
+			if err != nil {
+				assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
+				return
+			}
+			for range msgs { //nolint:revive // drain until closed
+			}
+		}()
+	}
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, sub.Close())
+		}()
+	}
+	wg.Wait()
+	assert.NoError(t, sub.Close())
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
+}
+
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	srv := testserver.Start(t)
+	// Goroutines of other tests (the universal suite leaves some
+	// subscribers open) are told apart by id: ids only grow.
+	firstID := nextGoroutineID()
+
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "g", Start: valkeystream.StartHead, CloseClient: true,
+	}, nil)
+	require.NoError(t, err)
+	fanOut, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{Client: client, Start: valkeystream.StartNew}, nil)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := sub.Subscribe(context.Background(), fmt.Sprintf("leak-%d", i))
+		require.NoError(t, err)
+		_, err = fanOut.Subscribe(context.Background(), fmt.Sprintf("leak-%d", i))
+		require.NoError(t, err)
+	}
+	require.NotEmpty(t, goroutinesSince(firstID), "the check must see the subscriptions' goroutines")
+	require.NoError(t, fanOut.Close())
+	require.NoError(t, sub.Close())
+
+	// Close has returned, so no goroutine started since may run code of
+	// this package or of the client any more. Exited goroutines can take a
+	// moment to leave the runtime's list.
+	var leaked []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		leaked = goroutinesSince(firstID)
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.Empty(t, leaked, "goroutines left after Close")
+}
+
+// nextGoroutineID returns an id no goroutine that exists now has.
+func nextGoroutineID() int {
+	maxID := 0
+	for _, g := range goroutineStacks() {
+		maxID = max(maxID, goroutineID(g))
+	}
+	return maxID + 1
+}
+
+// goroutinesSince returns the stacks of goroutines with an id of at least
+// first that run code of this package or of go-redis, other than tests.
+func goroutinesSince(first int) []string {
+	var found []string
+	for _, g := range goroutineStacks() {
+		if goroutineID(g) < first || strings.Contains(g, "_test.go") {
+			continue
+		}
+		if strings.Contains(g, "echomq/valkeystream.") || strings.Contains(g, "redis/go-redis") {
+			found = append(found, g)
+		}
+	}
+	return found
+}
+
+func goroutineStacks() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// goroutineID reads the id from a stack's first line, "goroutine 12 [...]".
+func goroutineID(stack string) int {
+	var id int
+	_, _ = fmt.Sscanf(stack, "goroutine %d ", &id)
+	return id
+}
+
+func TestConsumerNamesOfConcurrentSubscriptionsDiffer(t *testing.T) {
+	e := newEnv(t)
+	// One entry per read, so that each subscription gets one of the two.
+	sub := e.subscriber("g", "host", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 1 })
+	a := e.subscribe(sub)
+	b := e.subscribe(sub)
+	e.publish(2)
+	ma, mb := receive(t, a), receive(t, b)
+	names := []string{ma.Metadata.Get(valkeystream.MetadataConsumer), mb.Metadata.Get(valkeystream.MetadataConsumer)}
+	assert.ElementsMatch(t, []string{"host", "host-2"}, names)
+	ma.Ack()
+	mb.Ack()
+}
+
+func TestDefaultConsumerNameIsTheHostName(t *testing.T) {
+	e := newEnv(t)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	e.publish(1)
+	m := receive(t, e.subscribe(e.subscriber("g", "")))
+	assert.Equal(t, host, m.Metadata.Get(valkeystream.MetadataConsumer))
+	m.Ack()
+}
+
+func TestAckJustBeforeCloseIsSent(t *testing.T) {
+	e := newEnv(t)
+	for i := range 20 {
+		e.publish(1)
+		sub := e.subscriber("g", "c")
+		m := receive(t, e.subscribe(sub))
+		m.Ack()
+		require.NoError(t, sub.Close())
+		require.Empty(t, e.pending("g"), "round %d: an Ack made before Close must reach the server", i)
+	}
+}
+
+// A Close that ends a Subscribe still running its door makes that Subscribe
+// return ErrSubscriberClosed, not the door's cancelled call.
+func TestCloseDuringSubscribeReturnsErrSubscriberClosed(t *testing.T) {
+	e := newEnv(t)
+	client := newClient(t, e.srv)
+	inDoor := make(chan struct{})
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() != "xgroup" {
+				return next(ctx, cmd)
+			}
+			close(inDoor)
+			<-ctx.Done() // held until Close cancels the subscription
+			return ctx.Err()
+		}
+	}))
+	sub := e.subscriber("g", "c", onClient(client))
+	done := make(chan error, 1)
+	go func() {
+		_, err := sub.Subscribe(context.Background(), e.topic)
+		done <- err
+	}()
+	<-inDoor
+	require.NoError(t, sub.Close())
+	err := <-done
+	assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
+	var doorErr *valkeystream.GroupCreateError
+	assert.False(t, errors.As(err, &doorErr), "got %v, want no door error", err)
+}
+
+func TestSubscribeInitializeAfterClose(t *testing.T) {
+	e := newEnv(t)
+	for _, group := range []string{"g", ""} {
+		sub := e.subscriber(group, "c")
+		require.NoError(t, sub.SubscribeInitialize(e.topic))
+		require.NoError(t, sub.Close())
+		assert.ErrorIs(t, sub.SubscribeInitialize(e.topic), valkeystream.ErrSubscriberClosed, "group %q", group)
+	}
+}

@@ -1,0 +1,249 @@
+package valkeystream_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+)
+
+func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
+	e := newEnv(t)
+	held := e.publish(3)
+
+	first := e.subscriber("g", "worker")
+	m := receive(t, e.subscribe(first)) // the loop fetched all three
+	require.Equal(t, held[0].UUID, m.UUID)
+	require.NoError(t, first.Close()) // no Ack: a crash, as far as the group knows
+	require.Len(t, e.pending("g"), 3)
+
+	newer := e.publish(2)
+	restarted := e.subscriber("g", "worker")
+	msgs := e.subscribe(restarted)
+	for _, want := range held {
+		got := receive(t, msgs)
+		assert.Equal(t, want.UUID, got.UUID, "own pending entries come first, in order")
+		assert.Equal(t, 2, valkeystream.DeliveryCount(got))
+		got.Ack()
+	}
+	for _, want := range newer {
+		got := receive(t, msgs)
+		assert.Equal(t, want.UUID, got.UUID)
+		assert.Equal(t, 1, valkeystream.DeliveryCount(got))
+		got.Ack()
+	}
+	require.NoError(t, restarted.Close())
+	assert.Empty(t, e.pending("g"))
+	assert.Equal(t, int64(3), restarted.Stats().Drained)
+}
+
+func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(3)
+	dead := e.subscriber("g", "dead")
+	receive(t, e.subscribe(dead))
+	require.NoError(t, dead.Close())
+
+	alive := e.subscriber("g", "alive", shortClaim)
+	msgs := e.subscribe(alive)
+	var got []string
+	for range sent {
+		m := receive(t, msgs)
+		got = append(got, m.UUID)
+		assert.Equal(t, 2, valkeystream.DeliveryCount(m), "a reclaim grows the server's count")
+		assert.Equal(t, "alive", m.Metadata.Get(valkeystream.MetadataConsumer))
+		m.Ack()
+	}
+	assert.ElementsMatch(t, uuidsOf(sent), got)
+	require.NoError(t, alive.Close())
+	assert.Empty(t, e.pending("g"))
+	assert.Equal(t, int64(3), alive.Stats().Reclaimed)
+}
+
+func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	holder := e.subscriber("g", "holder", leaseClaim)
+	m := receive(t, e.subscribe(holder))
+	peerClient, claims := e.commandCounter("xautoclaim")
+	peer := e.subscriber("g", "peer", leaseClaim, onClient(peerClient))
+	peerGot := collect(t, e.subscribe(peer))
+
+	// Handle for twice ClaimMinIdle while the peer's beat runs, and make
+	// sure it ran once the entry could have looked abandoned.
+	time.Sleep(1500 * time.Millisecond)
+	afterMinIdle := claims.Load()
+	time.Sleep(1500 * time.Millisecond)
+	waitUntil(t, "a claim beat of the peer after ClaimMinIdle", func() bool { return claims.Load() > afterMinIdle })
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "holder", p[0].Consumer, "a live handler's entry must not be reclaimed")
+	assert.Equal(t, int64(1), p[0].RetryCount, "renewing the hold must not grow the delivery count")
+	m.Ack()
+	require.NoError(t, holder.Close())
+	assert.Empty(t, peerGot(), "the peer must not receive the entry being handled")
+	assert.Empty(t, e.pending("g"))
+}
+
+func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
+	e := newEnv(t)
+	sent := e.publish(10)
+	slow := e.subscriber("g", "slow", leaseClaim)
+	msgs := e.subscribe(slow)
+	first := receive(t, msgs) // the loop has fetched all ten in one batch
+	peerClient, claims := e.commandCounter("xautoclaim")
+	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim, onClient(peerClient))))
+	start := time.Now()
+	var afterMinIdle int64 = -1 // the peer's claims when ClaimMinIdle had passed
+
+	const handling = 350 * time.Millisecond // ten of these outlast ClaimMinIdle twice
+	got := []string{first.UUID}
+	time.Sleep(handling)
+	first.Ack()
+	for range 9 {
+		m := receive(t, msgs)
+		assert.Equal(t, 1, valkeystream.DeliveryCount(m), "a queued entry is still on its first delivery")
+		got = append(got, m.UUID)
+		time.Sleep(handling)
+		if afterMinIdle < 0 && time.Since(start) > 1500*time.Millisecond {
+			afterMinIdle = claims.Load()
+		}
+		m.Ack()
+	}
+	require.GreaterOrEqual(t, afterMinIdle, int64(0), "the batch outlasted ClaimMinIdle")
+	waitUntil(t, "a claim beat of the peer after ClaimMinIdle", func() bool { return claims.Load() > afterMinIdle })
+	require.NoError(t, slow.Close())
+	assert.Equal(t, uuidsOf(sent), got)
+	assert.Empty(t, peerGot(), "entries waiting in a batch must not go to a peer")
+	assert.Empty(t, e.pending("g"))
+}
+
+func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(3)
+	// Renewals every second. The claim beat runs once at the start and not
+	// again within the test, so nothing reclaims the entry from "other".
+	var scripts atomic.Int64 // script calls that have returned
+	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if isScript(cmd) {
+				scripts.Add(1)
+			}
+			return err
+		}
+	}))
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.ClaimMinIdle = 3 * time.Second
+		c.ClaimInterval = time.Hour
+	}))
+	m := receive(t, msgs) // the other two wait in the loop's queue
+	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
+		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
+	// The only scripts the loop runs here are renewals; the second to end
+	// after the XCLAIM started after it, and so has seen the new holder.
+	renewals := scripts.Load()
+	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
+	m.Ack()
+	next := receive(t, msgs)
+	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")
+	next.Ack()
+	expectNothing(t, msgs, 300*time.Millisecond)
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "other", p[0].Consumer)
+}
+
+func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(3)
+	sub := e.subscriber("g", "c", shortClaim)
+	msgs := e.subscribe(sub)
+	m := receive(t, msgs)
+	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
+	waitUntil(t, "a renewal notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
+	m.Ack()
+	next := receive(t, msgs)
+	assert.Equal(t, sent[2].UUID, next.UUID)
+	next.Ack()
+	require.NoError(t, sub.Close())
+	assert.Equal(t, int64(1), sub.Stats().MissingBodies)
+	assert.Empty(t, e.pending("g"))
+}
+
+// An entry waiting to be handed over that a renewal finds held by another
+// consumer is not delivered: that consumer delivers it.
+func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sent := e.publish(2)
+	var scripts atomic.Int64 // script calls that have returned
+	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if isScript(cmd) {
+				scripts.Add(1)
+			}
+			return err
+		}
+	}))
+	// Renewals every second; the claim beat runs once at the start only.
+	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.ClaimMinIdle = 3 * time.Second
+		c.ClaimInterval = time.Hour
+	}))
+	// Nobody takes the first message yet: the loop holds it, waiting to hand
+	// it over, and the second in its queue.
+	waitUntil(t, "both entries fetched", func() bool { return len(e.pending("g")) == 2 })
+	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
+		Messages: []string{receiveEntryID(t, e, sent[0].UUID)}}).Err())
+	// The second renewal to end after the XCLAIM started after it.
+	renewals := scripts.Load()
+	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
+	m := receive(t, msgs)
+	assert.Equal(t, sent[1].UUID, m.UUID, "the entry another consumer took over is not handed over")
+	m.Ack()
+	expectNothing(t, msgs, 300*time.Millisecond)
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "other", p[0].Consumer)
+}
+
+// With NoReclaim a subscription never claims: the entries of a consumer
+// that left stay pending for it, however long they are idle.
+func TestNoReclaimNeverClaims(t *testing.T) {
+	e := newEnv(t)
+	e.publish(1)
+	gone := e.subscriber("g", "gone")
+	receive(t, e.subscribe(gone))
+	require.NoError(t, gone.Close())
+
+	client, claims := e.commandCounter("xautoclaim")
+	reads := new(atomic.Int64)
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "xreadgroup" {
+				reads.Add(1)
+			}
+			return next(ctx, cmd)
+		}
+	}))
+	msgs := e.subscribe(e.subscriber("g", "peer", shortClaim, onClient(client),
+		func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = valkeystream.NoReclaim }))
+	// Twenty blocking reads of 50 ms outlast ClaimMinIdle (300 ms) and many
+	// beats of ClaimInterval as shortClaim sets it.
+	waitUntil(t, "twenty reads", func() bool { return reads.Load() >= 20 })
+	expectNothing(t, msgs, 100*time.Millisecond)
+	assert.Equal(t, int64(0), claims.Load(), "XAUTOCLAIM calls")
+	p := e.pending("g")
+	require.Len(t, p, 1)
+	assert.Equal(t, "gone", p[0].Consumer)
+}

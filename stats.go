@@ -1,0 +1,73 @@
+package valkeystream
+
+import "sync/atomic"
+
+// Stats are counters of a Subscriber since it was created, summed over its
+// subscriptions. This is where what each counts is stated; the other
+// documents link here.
+type Stats struct {
+	// Delivered counts messages a handler took from a subscription channel,
+	// each redelivery after a Nack included.
+	Delivered int64
+	// Acked counts entries the server acknowledged (the sum of XACK
+	// replies): handled messages, and entries acknowledged without delivery
+	// (missing bodies, dead-lettered undecodable entries). An entry that
+	// another consumer acknowledged first is not counted.
+	Acked int64
+	// Nacked counts Nacks.
+	Nacked int64
+	// Drained counts own pending entries queued for delivery by a drain
+	// after a start or a fault, whether or not they were delivered before
+	// the subscription ended.
+	Drained int64
+	// Reclaimed counts entries of other consumers claimed with XAUTOCLAIM
+	// and queued for delivery, whether or not they were delivered before the
+	// subscription ended.
+	Reclaimed int64
+	// MissingBodies counts pending entries found trimmed or deleted from the
+	// stream before they were handled: acknowledged and logged, never
+	// delivered.
+	MissingBodies int64
+	// InvalidEntries counts entries that could not be decoded and were dealt
+	// with: with a group, copied to the dead-letter stream (or, with
+	// NoDeadLetter, logged) and acknowledged; in fan-out, logged and
+	// skipped. An entry whose copy failed is counted in Faults instead and
+	// stays pending, to be counted here when a later copy succeeds.
+	InvalidEntries int64
+	// Faults counts failed calls to the server: reads, claims, Nack claims,
+	// Acks, renewals and dead-letter copies. Reads and claims back off
+	// before they retry; a failed renewal is tried again on its next beat.
+	Faults int64
+
+	// ReadAhead is a gauge: entries fetched from the server now waiting in
+	// the subscriptions' queues to be delivered. With a group they are
+	// pending for this consumer on the server although no handler has seen
+	// them, so XINFO counts them as delivered (see docs/backlog.md).
+	ReadAhead int64
+	// InFlight is a gauge: messages taken from the queue and not settled
+	// yet: being handed over, in a handler's hands, or waiting to be
+	// delivered again after a Nack. At most one per subscription.
+	InFlight int64
+}
+
+type counters struct {
+	delivered, acked, nacked, drained, reclaimed, missingBodies, invalidEntries, faults atomic.Int64
+	readAhead, inFlight                                                                 atomic.Int64
+}
+
+// Stats returns the Subscriber's counters and gauges.
+func (s *Subscriber) Stats() Stats {
+	c := &s.stats
+	return Stats{
+		Delivered:      c.delivered.Load(),
+		Acked:          c.acked.Load(),
+		Nacked:         c.nacked.Load(),
+		Drained:        c.drained.Load(),
+		Reclaimed:      c.reclaimed.Load(),
+		MissingBodies:  c.missingBodies.Load(),
+		InvalidEntries: c.invalidEntries.Load(),
+		Faults:         c.faults.Load(),
+		ReadAhead:      c.readAhead.Load(),
+		InFlight:       c.inFlight.Load(),
+	}
+}

@@ -258,7 +258,8 @@ func FuzzRedisstreamUnmarshal(f *testing.F) {
 			return
 		}
 
-		if shape&(shapeExtraField|shapeBytesValues) != 0 || uuid == "" {
+		hasBytes := shape&shapeBytesValues != 0 && shape&(shapePayload|shapeMetadata) != 0
+		if shape&shapeExtraField != 0 || hasBytes || uuid == "" {
 			t.Fatalf("shape %b with uuid %q decoded, want it refused", shape, uuid)
 		}
 		if msg.UUID != uuid || string(msg.Payload) != fieldText(fields[redisstreamFieldPayload]) {

@@ -80,9 +80,13 @@ func isRedisstreamEntry(fields map[string]any) bool {
 // exactly one MessagePack map of strings make the entry invalid.
 func unmarshalRedisstream(fields map[string]any) (*message.Message, error) {
 	uuid, ok := fields[redisstreamFieldUUID].(string)
-	if !ok || uuid == "" {
-		return nil, fmt.Errorf("%w: entry in watermill-redisstream's layout has field %q of type %T or empty, want a UUID",
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: entry in watermill-redisstream's layout has field %q of type %T, want a string",
 			ErrInvalidEntry, redisstreamFieldUUID, fields[redisstreamFieldUUID])
+	case uuid == "":
+		return nil, fmt.Errorf("%w: entry in watermill-redisstream's layout has an empty %q field: the UUID is the key consumers deduplicate on",
+			ErrInvalidEntry, redisstreamFieldUUID)
 	}
 	var payload, md string
 	for k, v := range fields {

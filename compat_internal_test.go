@@ -71,8 +71,8 @@ func TestRedisstreamUnmarshalRejects(t *testing.T) {
 		fields map[string]any
 		want   string
 	}{
-		{name: "empty uuid", fields: map[string]any{"_watermill_message_uuid": "", "payload": "p"}, want: `field "_watermill_message_uuid" of type string or empty`},
-		{name: "uuid not a string", fields: map[string]any{"_watermill_message_uuid": []byte("x"), "payload": "p"}, want: "of type []uint8"},
+		{name: "empty uuid", fields: map[string]any{"_watermill_message_uuid": "", "payload": "p"}, want: `an empty "_watermill_message_uuid" field`},
+		{name: "uuid not a string", fields: map[string]any{"_watermill_message_uuid": []byte("x"), "payload": "p"}, want: `field "_watermill_message_uuid" of type []uint8, want a string`},
 		{name: "another field", fields: map[string]any{"_watermill_message_uuid": "id", "payload": "p", "metadata": "", "extra": "x"}, want: `field "extra", which that layout does not have`},
 		{name: "payload not a string", fields: map[string]any{"_watermill_message_uuid": "id", "payload": int64(3)}, want: `field "payload" of type int64`},
 		{name: "metadata not a string", fields: map[string]any{"_watermill_message_uuid": "id", "metadata": nil}, want: `field "metadata" of type <nil>`},

@@ -77,3 +77,39 @@ func TestMalformedIncumbentEntryIsDeadLetteredWithItsUUID(t *testing.T) {
 	assert.Equal(t, bad, letter.Metadata.Get(valkeystream.MetadataOriginalEntryID))
 	assert.Contains(t, letter.Metadata.Get(valkeystream.MetadataError), "not a MessagePack map of strings")
 }
+
+// BenchmarkUnmarshalRedisstream measures decoding an entry in
+// watermill-redisstream's layout (compare with BenchmarkUnmarshal, the same
+// message in the default layout).
+func BenchmarkUnmarshalRedisstream(b *testing.B) {
+	encoded, err := valkeystream.RedisstreamMarshaler{}.Marshal("topic", benchMessage())
+	require.NoError(b, err)
+	fields := make(map[string]any, len(encoded)/2)
+	for i := 0; i < len(encoded); i += 2 {
+		v := encoded[i+1]
+		if p, ok := v.([]byte); ok {
+			v = string(p) // go-redis returns every value as a string
+		}
+		fields[encoded[i].(string)] = v
+	}
+	m := valkeystream.DefaultMarshaler{}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Unmarshal(fields); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkMarshalRedisstream measures encoding a message in
+// watermill-redisstream's layout (compare with BenchmarkMarshal).
+func BenchmarkMarshalRedisstream(b *testing.B) {
+	msg := benchMessage()
+	m := valkeystream.RedisstreamMarshaler{}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Marshal("topic", msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -107,7 +107,7 @@ func unmarshalRedisstream(fields map[string]any) (*message.Message, error) {
 	if md == "" {
 		return msg, nil
 	}
-	metadata, err := decodeMsgpackStrings([]byte(md))
+	metadata, err := decodeMsgpackStrings(md)
 	if err != nil {
 		return nil, fmt.Errorf("%w: entry of message %s in watermill-redisstream's layout: field %q is not a MessagePack map of strings: %v",
 			ErrInvalidEntry, uuid, redisstreamFieldMetadata, err)

@@ -267,7 +267,7 @@ func FuzzRedisstreamUnmarshal(f *testing.F) {
 		}
 		want := map[string]string{}
 		if len(metadata) > 0 && shape&shapeMetadata != 0 {
-			if want, err = decodeMsgpackStrings(metadata); err != nil {
+			if want, err = decodeMsgpackStrings(string(metadata)); err != nil {
 				t.Fatalf("the entry decoded, but its metadata does not: %v", err)
 			}
 		}

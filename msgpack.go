@@ -86,9 +86,10 @@ func appendMsgpackString(b []byte, s string) ([]byte, error) {
 }
 
 // decodeMsgpackStrings reads data as one MessagePack map of strings and
-// nothing else. A nil map reads as an empty one. The error says what is wrong
-// and at which byte.
-func decodeMsgpackStrings(data []byte) (map[string]string, error) {
+// nothing else. A nil map reads as an empty one. The keys and values share
+// data's memory (strings are immutable, so that is safe). The error says what
+// is wrong and at which byte.
+func decodeMsgpackStrings(data string) (map[string]string, error) {
 	r := msgpackReader{data: data}
 	code, err := r.byte()
 	if err != nil {
@@ -139,7 +140,7 @@ func decodeMsgpackStrings(data []byte) (map[string]string, error) {
 
 // msgpackReader reads MessagePack values from data, from offset off on.
 type msgpackReader struct {
-	data []byte
+	data string
 	off  int
 }
 
@@ -159,8 +160,8 @@ func (r *msgpackReader) uint(size int) (uint64, error) {
 		return 0, fmt.Errorf("the data ends at byte %d, in the middle of a length", len(r.data))
 	}
 	var n uint64
-	for _, c := range r.data[r.off : r.off+size] {
-		n = n<<8 | uint64(c)
+	for i := range size {
+		n = n<<8 | uint64(r.data[r.off+i])
 	}
 	r.off += size
 	return n, nil
@@ -194,7 +195,7 @@ func (r *msgpackReader) string() (string, error) {
 	if n > uint64(r.left()) {
 		return "", fmt.Errorf("the string at byte %d claims %d bytes but only %d follow", at, n, r.left())
 	}
-	s := string(r.data[r.off : r.off+int(n)])
+	s := r.data[r.off : r.off+int(n)]
 	r.off += int(n)
 	return s, nil
 }

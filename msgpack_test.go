@@ -55,7 +55,7 @@ func TestDecodeMsgpackStrings(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := decodeMsgpackStrings(tt.data)
+			got, err := decodeMsgpackStrings(string(tt.data))
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
@@ -90,7 +90,7 @@ func TestDecodeMsgpackStringsRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := decodeMsgpackStrings(tt.data)
+			got, err := decodeMsgpackStrings(string(tt.data))
 			if err == nil {
 				t.Fatalf("decoded %q, want an error containing %q", got, tt.want)
 			}
@@ -156,7 +156,7 @@ func FuzzMsgpackStrings(f *testing.F) {
 	f.Add(msgpackBytes(0xde, 0x00, 0x01, 0xda, 0x00, 0x01, "a", 0xc0))
 	f.Add(msgpackBytes(0x82, 0xa1, "a", 0xa1, "1", 0xa1, "a", 0xa1, "2"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := decodeMsgpackStrings(data)
+		m, err := decodeMsgpackStrings(string(data))
 		if err != nil {
 			return
 		}
@@ -164,7 +164,7 @@ func FuzzMsgpackStrings(f *testing.F) {
 		if err != nil {
 			t.Fatalf("encoding a decoded map: %v", err)
 		}
-		again, err := decodeMsgpackStrings(enc)
+		again, err := decodeMsgpackStrings(string(enc))
 		if err != nil {
 			t.Fatalf("decoding % x, encoded from %q: %v", enc, m, err)
 		}

@@ -269,13 +269,14 @@ var deliveryKeys = [...]string{MetadataDeliveryCount, MetadataEntryID, MetadataS
 
 // invalidEntryRecord returns the dead letter of an entry that could not be
 // decoded, as a message that [DefaultMarshaler] writes and reads back
-// unchanged. Its UUID is the entry's uuid field when that is not empty, else
+// unchanged. Its UUID is the one the entry holds (its uuid field, or the
+// field of watermill-redisstream's layout) when that is not empty, else
 // one derived from the stream key and the entry id (so that copying the same
 // entry twice gives the same UUID); its payload is the payload field, or
 // empty. Every other field becomes metadata under its own name, its value as
 // text; then the origin and the decode error are stamped over it.
 func invalidEntryRecord(fields map[string]any, o origin, decodeErr error) *message.Message {
-	uuid := fieldText(fields[FieldUUID])
+	uuid := storedUUID(fields)
 	if uuid == "" {
 		uuid = entryUUID(o.stream, o.entryID)
 	}

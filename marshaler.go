@@ -161,8 +161,13 @@ func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
 }
 
 // Unmarshal implements [Unmarshaler]. An entry without a non-empty
-// [FieldUUID] or without [FieldPayload] is invalid.
+// [FieldUUID] or without [FieldPayload] is invalid. An entry written by
+// watermill-redisstream (see [RedisstreamMarshaler]) decodes to the message
+// its Subscriber would deliver, with the same UUID and metadata.
 func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
+	if isRedisstreamEntry(fields) {
+		return unmarshalRedisstream(fields)
+	}
 	uuid, ok := fields[FieldUUID].(string)
 	if !ok || uuid == "" {
 		return nil, fmt.Errorf("%w: no %q field", ErrInvalidEntry, FieldUUID)

@@ -126,6 +126,9 @@ func FuzzUnmarshal(f *testing.F) {
 			}
 			return
 		}
+		if isRedisstreamEntry(fields) {
+			return // the other layout: FuzzRedisstreamUnmarshal checks it
+		}
 		// Decoding keeps every field: the UUID, the payload, the rest as
 		// metadata.
 		if msg.UUID == "" || msg.UUID != text[FieldUUID] || string(msg.Payload) != text[FieldPayload] {
@@ -174,6 +177,9 @@ func FuzzDeadLetterRecord(f *testing.F) {
 		}
 
 		wantUUID := text[FieldUUID]
+		if wantUUID == "" {
+			wantUUID = text[redisstreamFieldUUID]
+		}
 		if wantUUID == "" {
 			wantUUID = entryUUID(o.stream, entryID)
 		}

@@ -293,13 +293,19 @@ return {1, id}
 `)
 
 // markerKey returns the key of the replay markers of stream: a key in the
-// same cluster slot, so that one script may use both.
+// same cluster slot, so that one script may use both. That is not possible
+// for a name with a "}" outside a hash tag.
 func markerKey(stream string) string {
 	const suffix = ":valkeystream-replayed"
 	if open := strings.IndexByte(stream, '{'); open >= 0 {
 		if end := strings.IndexByte(stream[open+1:], '}'); end > 0 {
 			return stream + suffix // the stream's own hash tag decides the slot
 		}
+	}
+	if strings.IndexByte(stream, '}') >= 0 {
+		// No key in the stream's slot can be named: on a cluster the
+		// script fails with CROSSSLOT, and nothing is appended.
+		return stream + suffix
 	}
 	return "{" + stream + "}" + suffix
 }

@@ -127,4 +127,3 @@ func printPrune(e *env, results []pruneResult) error {
 	}
 	return t.flush()
 }
-

@@ -33,7 +33,8 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	stats counters
+	stats  counters
+	health healthRegistry
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig
@@ -103,13 +104,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	// comes first; the loop watches nothing else.
 	runCtx, cancel := context.WithCancel(ctx)
 	stopWatch := context.AfterFunc(s.closing, cancel)
+	key := s.config.KeyPrefix + topic
+	health := s.health.add(topic, key, s.config.ConsumerGroup)
 	abort := func() {
+		s.health.remove(health)
 		stopWatch()
 		cancel()
 		s.wg.Done()
 	}
 
-	key := s.config.KeyPrefix + topic
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
 	var l interface{ run(context.Context) }
@@ -123,7 +126,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		logger := s.logger.With(logFields)
 		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
-			retries: retries{sub: s, logger: logger}}
+			retries: retries{sub: s, logger: logger, health: health}}
 	} else {
 		if err := s.openGroup(runCtx, key); err != nil {
 			abort()
@@ -137,12 +140,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
 		logFields["consumer_group"] = s.config.ConsumerGroup
 		logFields["consumer"] = consumer
-		l = newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		gl := newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		gl.retries.health = health
+		health.setConsumer(consumer)
+		l = gl
 	}
 
 	s.logger.Debug("Subscribed", logFields)
+	health.setReady()
 	go func() {
 		defer s.wg.Done()
+		defer health.end()
 		defer release()
 		defer cancel()
 		defer stopWatch()

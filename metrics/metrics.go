@@ -317,4 +317,3 @@ func sortedTargets(targets map[target]bool) (streams []string, groups map[string
 	}
 	return streams, groups
 }
-

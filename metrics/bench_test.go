@@ -146,3 +146,46 @@ func BenchmarkPublish(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScrape measures one scrape of a Collector with one Subscriber,
+// one Publisher and the group the Subscriber reads (8 consumers): with a
+// sample of the server each time, and answered from the last sample. Its
+// cost divided by the scrape interval is the share of a core the metrics
+// take.
+func BenchmarkScrape(b *testing.B) {
+	for _, sampled := range []bool{true, false} {
+		name := map[bool]string{true: "sampling-the-server", false: "from-the-last-sample"}[sampled]
+		b.Run(name, func(b *testing.B) {
+			s := setup(b, false)
+			ctx := context.Background()
+			topic := "bench-" + watermill.NewShortUUID()
+			if _, err := s.sub.Subscribe(ctx, topic); err != nil {
+				b.Fatal(err)
+			}
+			for i := range 8 {
+				s.client.XGroupCreateConsumer(ctx, topic, "bench", "c"+string(rune('0'+i)))
+			}
+			interval := time.Hour
+			if sampled {
+				interval = time.Nanosecond
+			}
+			c, err := metrics.NewCollector(metrics.Config{Client: s.client, SampleInterval: interval})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.AddSubscriber("bench", s.sub)
+			c.AddPublisher("bench", s.pub)
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(c)
+			if _, err := reg.Gather(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := reg.Gather(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -175,7 +175,7 @@ func drawChart(points []point, stuckFrom, stuckUntil float64, server string) str
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%.0f" y="22" %s font-size="14" font-weight="bold">A handler hangs from %.0fs to %.0fs while 200 messages/s are published</text>`+"\n", left, font, stuckFrom, stuckUntil)
+	fmt.Fprintf(&b, `<text x="%.0f" y="22" font-family="sans-serif" font-size="14" font-weight="bold">A handler hangs from %.0fs to %.0fs while 200 messages/s are published</text>`+"\n", left, stuckFrom, stuckUntil)
 	fmt.Fprintf(&b, `<text x="%.0f" y="38" %s fill="#555">valkeystream metrics scraped every 100 ms, %s</text>`+"\n", left, font, server)
 
 	panel := func(top, h, yMax, step float64, unit string, series []struct {

@@ -330,6 +330,9 @@ func replayDead(ctx context.Context, e *env, stream string, f deadFilter, dry, y
 		}
 		return nil
 	}
+	if len(letters) == f.limit {
+		e.note("taking the first %d dead letters (--limit); run the command again for the rest", f.limit)
+	}
 	results := make([]replayResult, len(letters))
 	targets := map[string]int{}
 	replayable := 0

@@ -35,9 +35,10 @@ type SubscriptionStatus struct {
 	// is the last one's error.
 	Failures  int    `json:"failures,omitempty"`
 	LastError string `json:"last_error,omitempty"`
-	// Ended is true once the subscription's loop has returned: its context
-	// was cancelled or the Subscriber was closed. An ended subscription is
-	// listed until another one of the same stream and group starts.
+	// Ended is true once the subscription's loop has returned (its context
+	// was cancelled or the Subscriber was closed), which is just after its
+	// message channel is closed. An ended subscription is listed until
+	// another one of the same stream and group starts.
 	Ended bool `json:"ended"`
 }
 

@@ -255,8 +255,15 @@ func TestSubscriberAndPublisher(t *testing.T) {
 	cancel()
 	for range msgs {
 	}
-	g = gather(t, reg)
-	g.want(t, "valkeystream_subscription_running", labels, 0)
+	// The state is updated as the loop's goroutine returns, just after the
+	// channel is closed.
+	deadline := time.Now().Add(time.Minute)
+	for gather(t, reg)["valkeystream_subscription_running"][labels] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("subscription_running still 1 a minute after the subscription ended")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // The metric names follow Prometheus conventions.

@@ -246,6 +246,19 @@ func TestSubscriberAndPublisher(t *testing.T) {
 	g.want(t, "valkeystream_group_lag", "group=billing,stream=orders", 0)
 	g.want(t, "valkeystream_group_oldest_pending_age_seconds", "group=billing,stream=orders", 0)
 
+	// The exposition format, as Prometheus reads it.
+	expected := fmt.Sprintf(`
+# HELP valkeystream_publisher_calls_total Publish calls.
+# TYPE valkeystream_publisher_calls_total counter
+valkeystream_publisher_calls_total{publisher="orders"} %d
+# HELP valkeystream_subscriber_nacked_total Messages Nacked by handlers.
+# TYPE valkeystream_subscriber_nacked_total counter
+valkeystream_subscriber_nacked_total{subscriber="billing"} 1
+`, n)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"valkeystream_publisher_calls_total", "valkeystream_subscriber_nacked_total"); err != nil {
+		t.Error(err)
+	}
 	g.want(t, "valkeystream_publisher_calls_total", "publisher=orders", n)
 	g.want(t, "valkeystream_publisher_messages_total", "publisher=orders", n)
 	g.want(t, "valkeystream_publisher_failed_calls_total", "publisher=orders", 0)

@@ -230,6 +230,8 @@ func printDead(e *env, stream string, letters []deadLetter, f deadFilter) error 
 	}
 	if len(letters) == 0 {
 		e.note("no dead letters match in %q", stream)
+	} else if len(letters) == f.limit {
+		e.note("showing the first %d; raise --limit for more", f.limit)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,16 +45,30 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 	if err != nil {
 		return e.serverErr("listing streams", err)
 	}
+	// One round trip for all of them.
+	pipe := e.client.Pipeline()
+	streams := make([]*redis.XInfoStreamCmd, len(keys))
+	groups := make([]*redis.XInfoGroupsCmd, len(keys))
+	for i, key := range keys {
+		streams[i] = pipe.XInfoStream(ctx, key)
+		groups[i] = pipe.XInfoGroups(ctx, key)
+	}
+	if len(keys) > 0 {
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+	}
 	infos := make([]streamInfo, 0, len(keys))
-	for _, key := range keys {
-		info, err := e.client.XInfoStream(ctx, key).Result()
+	for i, key := range keys {
+		info, err := streams[i].Result()
+		if redis.HasErrorPrefix(err, "no such key") {
+			continue // deleted since the scan
+		}
 		if err != nil {
-			if errors.Is(err, redis.Nil) || redis.HasErrorPrefix(err, "no such key") {
-				continue // deleted since the scan
-			}
 			return e.serverErr("reading stream "+strconv.Quote(key), err)
 		}
-		groups, err := e.client.XInfoGroups(ctx, key).Result()
+		gs, err := groups[i].Result()
+		if redis.HasErrorPrefix(err, "no such key") {
+			continue
+		}
 		if err != nil {
 			return e.serverErr("reading the groups of stream "+strconv.Quote(key), err)
 		}
@@ -64,7 +77,7 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 			si.FirstID, si.LastID = info.FirstEntry.ID, info.LastEntry.ID
 			si.FirstTime, si.LastTime = timeText(idTime(si.FirstID)), timeText(idTime(si.LastID))
 		}
-		for _, g := range groups {
+		for _, g := range gs {
 			si.Groups = append(si.Groups, g.Name)
 		}
 		infos = append(infos, si)
@@ -85,6 +98,8 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 	}
 	if len(infos) == 0 {
 		e.note("no streams found with prefix %q", prefix)
+	} else if len(keys) == limit {
+		e.note("showing the first %d streams; raise --limit or narrow --prefix for more", limit)
 	}
 	return nil
 }

@@ -358,8 +358,29 @@ func TestEntry(t *testing.T) {
 	if v.UUID != "the-uuid" || v.Payload != "hello payload" || v.Metadata["trace"] != "abc" || v.PayloadBytes != 13 {
 		t.Errorf("got %+v, want the-uuid, hello payload, trace=abc", v)
 	}
+	if len(v.PendingIn) != 0 {
+		t.Errorf("pending in %+v before any group read it, want none", v.PendingIn)
+	}
+
+	// Pending in one of two groups, delivered twice.
+	ctx := context.Background()
+	for _, g := range []string{"billing", "audit"} {
+		if err := c.XGroupCreate(ctx, "s", g, "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "billing", Consumer: "w1", Streams: []string{"s", ">"}, Count: 1, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: "s", Group: "billing", Consumer: "w2", Messages: []string{id}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	v = decode[entryView](t, ok(t, srv.Addr(), "entry", "s", id, "--json"))
+	if len(v.PendingIn) != 1 || v.PendingIn[0].Group != "billing" || v.PendingIn[0].Consumer != "w2" || v.PendingIn[0].Deliveries != 2 {
+		t.Errorf("pending in %+v, want billing held by w2 after 2 deliveries", v.PendingIn)
+	}
 	out := ok(t, srv.Addr(), "entry", "s", id, "--payload-bytes", "5")
-	for _, want := range []string{"the-uuid", "metadata trace", "hello... (13 bytes)"} {
+	for _, want := range []string{"the-uuid", "metadata trace", "hello... (13 bytes)", "pending in billing", "consumer w2", "2 deliveries"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

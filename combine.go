@@ -28,6 +28,7 @@ var errSendAborted = errors.New("valkeystream: publish: the shared round trip wa
 // only the calls for that key.
 type combiners struct {
 	client redis.UniversalClient
+	stats  *publisherCounters // counts round trips; nil counts nothing
 
 	mu    sync.Mutex
 	byKey map[string]*combiner
@@ -43,7 +44,7 @@ func (cs *combiners) write(key string, r *writeRequest) {
 		if cs.byKey == nil {
 			cs.byKey = make(map[string]*combiner)
 		}
-		c = &combiner{client: cs.client}
+		c = &combiner{client: cs.client, stats: cs.stats}
 		cs.byKey[key] = c
 	}
 	c.users++
@@ -68,6 +69,7 @@ func (cs *combiners) write(key string, r *writeRequest) {
 // one each.
 type combiner struct {
 	client redis.UniversalClient
+	stats  *publisherCounters
 	users  int // calls in write; guarded by combiners.mu
 
 	mu      sync.Mutex
@@ -211,6 +213,7 @@ func (c *combiner) send(batch []*writeRequest) {
 		ctx, cancel = sharedContext(batch)
 		defer cancel()
 	}
+	c.stats.roundTrip(countArgs(batch))
 	if len(batch) == 1 && len(batch[0].args) == 1 {
 		batch[0].errs[0] = c.client.XAdd(ctx, &batch[0].args[0]).Err()
 		return

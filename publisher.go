@@ -21,6 +21,7 @@ type Publisher struct {
 	logger watermill.LoggerAdapter
 
 	combiners combiners
+	stats     *publisherCounters
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -37,7 +38,8 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 		logger = watermill.NopLogger{}
 	}
 	config.Retention = maps.Clone(config.Retention)
-	return &Publisher{config: config, logger: logger, combiners: combiners{client: config.Client}}, nil
+	stats := &publisherCounters{}
+	return &Publisher{config: config, logger: logger, stats: stats, combiners: combiners{client: config.Client, stats: stats}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
@@ -55,7 +57,8 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
 // which consumers drop by UUID.
-func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) {
+	defer func() { p.stats.published(len(msgs), err) }()
 	if topic == "" {
 		return errors.New("valkeystream: publish: topic is empty")
 	}

@@ -25,13 +25,15 @@ type pauser func(ctx context.Context, d time.Duration) bool
 type retries struct {
 	sub    *Subscriber
 	logger watermill.LoggerAdapter
-	n      int // consecutive failures
+	n      int                 // consecutive failures
+	health *subscriptionHealth // nil: not reported
 }
 
 // fail records a failed call and waits before the next try with pause. It
 // returns false when ctx ended during the wait.
 func (r *retries) fail(ctx context.Context, what string, err error, pause pauser) bool {
 	r.sub.stats.faults.Add(1)
+	r.health.failed(err)
 	r.n++
 	delay := backoff(r.n)
 	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
@@ -42,6 +44,7 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 // succeeded ends a streak of failures.
 func (r *retries) succeeded() {
 	if r.n > 0 {
+		r.health.recovered()
 		r.logger.Info("Stream calls resumed", watermill.LogFields{"failed_attempts": r.n})
 		r.n = 0
 	}

@@ -36,7 +36,8 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	stats counters
+	stats  counters
+	health healthRegistry
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig
@@ -127,13 +128,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			s.wg.Done() // the watcher never ran
 		}
 	}
+	key := s.config.KeyPrefix + topic
+	health := s.health.add(topic, key, s.config.ConsumerGroup)
 	abort := func() {
+		s.health.remove(health)
 		unwatch()
 		cancel()
 		s.wg.Done()
 	}
 
-	key := s.config.KeyPrefix + topic
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
 	var l interface{ run(context.Context) }
@@ -147,7 +150,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		logger := s.logger.With(logFields)
 		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
-			retries: retries{sub: s, logger: logger}}
+			retries: retries{sub: s, logger: logger, health: health}}
 	} else {
 		if err := s.openGroup(runCtx, key); err != nil {
 			abort()
@@ -161,12 +164,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
 		logFields["consumer_group"] = s.config.ConsumerGroup
 		logFields["consumer"] = consumer
-		l = newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		gl := newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		gl.retries.health = health
+		health.setConsumer(consumer)
+		l = gl
 	}
 
 	s.logger.Debug("Subscribed", logFields)
+	health.setReady()
 	go func() {
 		defer s.wg.Done()
+		defer health.end()
 		defer release()
 		defer cancel()
 		defer unwatch()

@@ -1,0 +1,319 @@
+// Package metrics exports the counters of valkeystream Subscribers and
+// Publishers, and the state of their streams and consumer groups on the
+// server, as Prometheus metrics.
+//
+// A [Collector] is a prometheus.Collector: register it with a registry and
+// tell it what to report.
+//
+//	c, err := metrics.NewCollector(metrics.Config{Client: client})
+//	...
+//	c.AddSubscriber("billing", sub) // its counters, and its streams and groups on the server
+//	c.AddPublisher("orders", pub)
+//	prometheus.MustRegister(c)
+//
+// Counters are read when Prometheus scrapes. The server is sampled at most
+// once per SampleInterval, in one pipelined round trip, however many
+// subscriptions read a stream and however often it is scraped. The metrics
+// are listed in docs/metrics.md.
+package metrics
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultSampleInterval is how long a sample of the server is reused.
+	DefaultSampleInterval = 10 * time.Second
+	// DefaultSampleTimeout bounds one sample of the server.
+	DefaultSampleTimeout = 5 * time.Second
+	// DefaultMaxPendingScan is how many pending entries of a group are read
+	// to find the highest delivery count.
+	DefaultMaxPendingScan = 100
+)
+
+// Config configures a [Collector].
+type Config struct {
+	// Client samples the state of streams and groups on the server. Without
+	// it only the counters of Subscribers and Publishers are reported.
+	// Default: none.
+	Client redis.UniversalClient
+
+	// SampleInterval is how long a sample of the server is reused: scrapes
+	// within it are answered from the last sample. Default:
+	// DefaultSampleInterval.
+	SampleInterval time.Duration
+
+	// SampleTimeout bounds one sample of the server; a scrape waits at most
+	// this long for it. Default: DefaultSampleTimeout.
+	SampleTimeout time.Duration
+
+	// MaxPendingScan is how many pending entries of each group (the oldest)
+	// XPENDING reads to find the highest delivery count. Default:
+	// DefaultMaxPendingScan.
+	MaxPendingScan int
+
+	// DeadLetterSuffix names the dead-letter stream of each sampled stream,
+	// whose length is reported as valkeystream_dead_letters. Default:
+	// valkeystream.DefaultDeadLetterSuffix.
+	DeadLetterSuffix string
+}
+
+func (c *Config) setDefaults() {
+	if c.SampleInterval == 0 {
+		c.SampleInterval = DefaultSampleInterval
+	}
+	if c.SampleTimeout == 0 {
+		c.SampleTimeout = DefaultSampleTimeout
+	}
+	if c.MaxPendingScan == 0 {
+		c.MaxPendingScan = DefaultMaxPendingScan
+	}
+	if c.DeadLetterSuffix == "" {
+		c.DeadLetterSuffix = valkeystream.DefaultDeadLetterSuffix
+	}
+}
+
+// Validate reports the first problem with the configuration, as an error
+// that wraps valkeystream.ErrInvalidConfig and names the field.
+func (c Config) Validate() error {
+	c.setDefaults()
+	switch {
+	case c.SampleInterval < 0:
+		return fmt.Errorf("%w: metrics Config.SampleInterval is %s: it must be positive (0: %s)", valkeystream.ErrInvalidConfig, c.SampleInterval, DefaultSampleInterval)
+	case c.SampleTimeout < 0:
+		return fmt.Errorf("%w: metrics Config.SampleTimeout is %s: it must be positive (0: %s)", valkeystream.ErrInvalidConfig, c.SampleTimeout, DefaultSampleTimeout)
+	case c.MaxPendingScan < 0:
+		return fmt.Errorf("%w: metrics Config.MaxPendingScan is %d: it must be positive (0: %d)", valkeystream.ErrInvalidConfig, c.MaxPendingScan, DefaultMaxPendingScan)
+	}
+	return nil
+}
+
+// Collector is a prometheus.Collector of valkeystream metrics. It is safe
+// for concurrent use.
+type Collector struct {
+	config Config
+
+	mu          sync.Mutex // guards the registrations below
+	subscribers map[string]*valkeystream.Subscriber
+	publishers  map[string]*valkeystream.Publisher
+	watched     map[target]bool
+
+	server sampler
+}
+
+// target is a stream, and a group of it ("" for the stream alone), to
+// sample on the server.
+type target struct{ stream, group string }
+
+// NewCollector returns a Collector, or an error wrapping
+// valkeystream.ErrInvalidConfig that names the bad field.
+func NewCollector(config Config) (*Collector, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Collector{
+		config:      config,
+		subscribers: map[string]*valkeystream.Subscriber{},
+		publishers:  map[string]*valkeystream.Publisher{},
+		watched:     map[target]bool{},
+	}
+	c.server.config = &c.config
+	return c, nil
+}
+
+// AddSubscriber reports the counters of s under the label subscriber=name,
+// and the state of its subscriptions; with a Client, the streams and groups
+// it reads are sampled on the server. Each name may be used once.
+func (c *Collector) AddSubscriber(name string, s *valkeystream.Subscriber) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.subscribers[name]; taken {
+		return fmt.Errorf("valkeystream metrics: a subscriber named %q is registered already: give each a name of its own", name)
+	}
+	c.subscribers[name] = s
+	return nil
+}
+
+// AddPublisher reports the counters of p under the label publisher=name.
+// Each name may be used once.
+func (c *Collector) AddPublisher(name string, p *valkeystream.Publisher) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.publishers[name]; taken {
+		return fmt.Errorf("valkeystream metrics: a publisher named %q is registered already: give each a name of its own", name)
+	}
+	c.publishers[name] = p
+	return nil
+}
+
+// WatchGroup samples a stream key and one of its consumer groups on the
+// server, whether or not a Subscriber of this process reads it.
+func (c *Collector) WatchGroup(stream, group string) {
+	c.mu.Lock()
+	c.watched[target{stream, group}] = true
+	c.mu.Unlock()
+}
+
+// WatchStream samples a stream key on the server: its length and that of
+// its dead-letter stream.
+func (c *Collector) WatchStream(stream string) {
+	c.WatchGroup(stream, "")
+}
+
+var (
+	labelSubscriber   = []string{"subscriber"}
+	labelPublisher    = []string{"publisher"}
+	labelSubscription = []string{"subscriber", "stream", "group", "consumer"}
+	labelStream       = []string{"stream"}
+	labelGroup        = []string{"stream", "group"}
+	labelConsumer     = []string{"stream", "group", "consumer"}
+)
+
+func desc(name, help string, labels []string) *prometheus.Desc {
+	return prometheus.NewDesc("valkeystream_"+name, help, labels, nil)
+}
+
+// subscriberCounters are the counters of valkeystream.Stats, in order.
+var subscriberCounters = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.Stats) int64
+}{
+	{desc("subscriber_delivered_total", "Messages sent on subscription channels, redeliveries included.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Delivered }},
+	{desc("subscriber_acked_total", "Entries acknowledged to the server (XACK).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Acked }},
+	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacked }},
+	{desc("subscriber_drained_total", "Own pending entries delivered again after a start or a fault.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Drained }},
+	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
+	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
+	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
+	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
+}
+
+var publisherCounters = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.PublisherStats) int64
+}{
+	{desc("publisher_calls_total", "Publish calls.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.Calls }},
+	{desc("publisher_failed_calls_total", "Publish calls that returned an error.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.FailedCalls }},
+	{desc("publisher_messages_total", "Messages the server accepted.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.Messages }},
+	{desc("publisher_failed_messages_total", "Messages of failed Publish calls that were not written.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.FailedMessages }},
+	{desc("publisher_round_trips_total", "Requests sent to the server: one XADD or one pipeline of them.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.RoundTrips }},
+	{desc("publisher_round_trip_messages_total", "Messages carried by round trips; divided by round trips, the messages per round trip.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.RoundTripMessages }},
+}
+
+var (
+	descRunning = desc("subscription_running", "1 while the subscription's loop runs, 0 once it has ended.", labelSubscription)
+	descReady   = desc("subscription_ready", "1 once the subscription has started reading (its group door has passed).", labelSubscription)
+	descFailing = desc("subscription_failing_seconds", "How long the subscription's calls to the server have been failing; 0 when the last one succeeded.", labelSubscription)
+
+	descLength      = desc("stream_length", "Entries in the stream (XLEN).", labelStream)
+	descDeadLetters = desc("dead_letters", "Entries in the stream's dead-letter stream.", labelStream)
+	descLag         = desc("group_lag", "Entries of the stream the group has not read yet; absent when the server cannot tell.", labelGroup)
+	descPending     = desc("group_pending", "Entries read by the group and not acknowledged.", labelGroup)
+	descOldest      = desc("group_oldest_pending_age_seconds", "Age of the oldest pending entry, from its id to the server's clock; 0 when none is pending.", labelGroup)
+	descMaxCount    = desc("group_max_deliveries", "Highest delivery count among the oldest pending entries (up to MaxPendingScan of them).", labelGroup)
+	descConsumers   = desc("group_consumers", "Consumers in the group.", labelGroup)
+	descCPending    = desc("consumer_pending", "Entries pending for the consumer.", labelConsumer)
+	descCIdle       = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
+
+	descSamples      = desc("server_samples_total", "Samples of the server taken.", nil)
+	descSampleErrors = desc("server_sample_errors_total", "Samples of the server that failed in part or whole; the metrics they could not read are left out.", nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, s := range subscriberCounters {
+		ch <- s.desc
+	}
+	for _, p := range publisherCounters {
+		ch <- p.desc
+	}
+	for _, d := range []*prometheus.Desc{descRunning, descReady, descFailing, descLength, descDeadLetters, descLag,
+		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	subs := make(map[string]*valkeystream.Subscriber, len(c.subscribers))
+	for n, s := range c.subscribers {
+		subs[n] = s
+	}
+	pubs := make(map[string]*valkeystream.Publisher, len(c.publishers))
+	for n, p := range c.publishers {
+		pubs[n] = p
+	}
+	targets := make(map[target]bool, len(c.watched))
+	for t := range c.watched {
+		targets[t] = true
+	}
+	c.mu.Unlock()
+
+	now := time.Now()
+	for name, s := range subs {
+		stats := s.Stats()
+		for _, sc := range subscriberCounters {
+			ch <- prometheus.MustNewConstMetric(sc.desc, prometheus.CounterValue, float64(sc.get(stats)), name)
+		}
+		for _, st := range s.Subscriptions() {
+			labels := []string{name, st.Stream, st.Group, st.Consumer}
+			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, boolValue(!st.Ended), labels...)
+			ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, boolValue(st.Ready && !st.Ended), labels...)
+			failing := 0.0
+			if !st.FailingSince.IsZero() {
+				failing = now.Sub(st.FailingSince).Seconds()
+			}
+			ch <- prometheus.MustNewConstMetric(descFailing, prometheus.GaugeValue, failing, labels...)
+			if !st.Ended {
+				targets[target{st.Stream, st.Group}] = true
+			}
+		}
+	}
+	for name, p := range pubs {
+		stats := p.Stats()
+		for _, pc := range publisherCounters {
+			ch <- prometheus.MustNewConstMetric(pc.desc, prometheus.CounterValue, float64(pc.get(stats)), name)
+		}
+	}
+	if c.config.Client != nil {
+		c.server.collect(ch, targets)
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sortedTargets returns the streams of targets in order, each with its
+// groups in order.
+func sortedTargets(targets map[target]bool) (streams []string, groups map[string][]string) {
+	groups = map[string][]string{}
+	for t := range targets {
+		if _, seen := groups[t.stream]; !seen {
+			streams = append(streams, t.stream)
+			groups[t.stream] = nil
+		}
+		if t.group != "" && !slices.Contains(groups[t.stream], t.group) {
+			groups[t.stream] = append(groups[t.stream], t.group)
+		}
+	}
+	slices.Sort(streams)
+	for _, g := range groups {
+		slices.Sort(g)
+	}
+	return streams, groups
+}

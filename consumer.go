@@ -60,6 +60,8 @@ type groupLoop struct {
 	nextClaim time.Time
 
 	retries retries
+
+	sweeper *sweeper // removes departed consumers on the claim beat
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -183,6 +185,7 @@ func (l *groupLoop) claim(ctx context.Context) error {
 		// The pending list was scanned to its end; the next beat starts over.
 		// Until then, a cursor other than 0-0 means more to reclaim first.
 		l.nextClaim = time.Now().Add(l.cfg.ClaimInterval)
+		l.sweeper.sweep(ctx)
 	}
 	for _, id := range deleted {
 		// The server already dropped these from the pending list.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -133,11 +132,24 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, err
 		}
-		var consumer string
-		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		logFields["consumer"] = consumer
-		l = newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		lease, err := s.takeName(runCtx, key, s.logger.With(logFields))
+		if err != nil {
+			abort()
+			return nil, err
+		}
+		logFields["consumer"] = lease.name
+		logger := s.logger.With(logFields)
+		lease.logger = logger
+		gl := newGroupLoop(s, key, lease.name, out, logger)
+		gl.sweeper = s.newSweeper(key, lease.name, logger)
+		l = gl
+		s.wg.Add(1) // the lease keeper; the count is held above zero by this subscription
+		go func() {
+			defer s.wg.Done()
+			lease.keep(runCtx, cancel)
+		}()
+		release = lease.release
 	}
 
 	s.logger.Debug("Subscribed", logFields)
@@ -272,35 +284,5 @@ func (s *Subscriber) Stats() Stats {
 		MissingBodies:  c.missingBodies.Load(),
 		InvalidEntries: c.invalidEntries.Load(),
 		Faults:         c.faults.Load(),
-	}
-}
-
-// consumerNames holds the consumer names in use by running subscriptions of
-// this process, so that two subscriptions never share one pending list.
-var consumerNames = struct {
-	sync.Mutex
-	inUse map[[3]string]struct{}
-}{inUse: map[[3]string]struct{}{}}
-
-// acquireConsumerName returns base, or base-2, base-3, ... for the first name
-// no running subscription of this process uses on key and group. The same
-// order of subscriptions after a restart yields the same names.
-func acquireConsumerName(key, group, base string) (name string, release func()) {
-	consumerNames.Lock()
-	defer consumerNames.Unlock()
-	for i := 1; ; i++ {
-		name = base
-		if i > 1 {
-			name = base + "-" + strconv.Itoa(i)
-		}
-		k := [3]string{key, group, name}
-		if _, taken := consumerNames.inUse[k]; !taken {
-			consumerNames.inUse[k] = struct{}{}
-			return name, func() {
-				consumerNames.Lock()
-				delete(consumerNames.inUse, k)
-				consumerNames.Unlock()
-			}
-		}
 	}
 }

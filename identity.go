@@ -177,6 +177,11 @@ func (s *Subscriber) takeName(ctx context.Context, stream string, logger watermi
 	for slot := 1; ; slot++ {
 		name := slotName(s.config.Consumer, slot)
 		lease, err := s.takeSlot(ctx, stream, name, logger)
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			return nil, fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused the lease on consumer name %q; allow GET, SET, PTTL, PEXPIRE and DEL on %q for this client (see the permissions in docs/design.md): %w",
+				stream, s.config.ConsumerGroup, name, leaseKey(stream, s.config.ConsumerGroup, name), err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("valkeystream: subscribing to stream %q with group %q: taking the lease on consumer name %q: %w",
 				stream, s.config.ConsumerGroup, name, err)

@@ -463,6 +463,17 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	assert.Zero(t, e.client.Exists(ctx, leaseKeyOf(topic, "g", "app")).Val(), "Close released the lease")
 }
 
+func TestSubscribeFailsWhenTheLeaseIsRefused(t *testing.T) {
+	e := newEnv(t)
+	sub := limitedSubscriber(t, e, "no-set", "-set")
+
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.Error(t, err, "a subscription that cannot lease its name must not start")
+	assert.ErrorContains(t, err, "refused the lease")
+	assert.ErrorContains(t, err, e.topic+":lease:g:")
+	require.NoError(t, sub.Close())
+}
+
 func toAny(s []string) []any {
 	out := make([]any, len(s))
 	for i, v := range s {

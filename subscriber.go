@@ -85,8 +85,11 @@ func (s *Subscriber) begin() error {
 
 // Subscribe starts a subscription to topic and returns its messages. With a
 // consumer group it first runs the group door, and returns a
-// *GroupCreateError if the server refuses it. The channel is closed when ctx
-// is cancelled or the Subscriber is closed.
+// *GroupCreateError if the server refuses it; then it leases a consumer name
+// (see SubscriberConfig.Consumer), which can wait up to ConsumerLeaseTTL
+// for the lease of a process that died holding the name. The channel is
+// closed when ctx is cancelled or the Subscriber is closed, or when the
+// subscription lost its consumer name to another one (logged at Error).
 //
 // Messages are sent one at a time: the next one comes after the previous was
 // Acked or Nacked. Each message's context is cancelled once it is settled.

@@ -266,6 +266,19 @@ func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger w
 	}
 }
 
+// keepName starts the goroutine that renews lease until ctx ends (cancel
+// ends the subscription if the name is lost), and returns the release to
+// call once the subscription's loop has returned.
+func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, lease *nameLease, logger watermill.LoggerAdapter) (release func()) {
+	lease.logger = logger
+	s.wg.Add(1) // the subscription holds the count above zero, so Close cannot be past Wait
+	go func() {
+		defer s.wg.Done()
+		lease.keep(ctx, cancel)
+	}()
+	return lease.release
+}
+
 // try takes the lease if it is free, or returns its holder's token and
 // remaining time to live in milliseconds.
 func (l *nameLease) try(ctx context.Context) (holder string, pttl int64, taken bool, err error) {

@@ -143,16 +143,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		logFields["consumer"] = lease.name
 		logger := s.logger.With(logFields)
-		lease.logger = logger
 		gl := newGroupLoop(s, key, lease.name, out, logger)
 		gl.sweeper = s.newSweeper(key, lease.name, logger)
 		l = gl
-		s.wg.Add(1) // the lease keeper; the count is held above zero by this subscription
-		go func() {
-			defer s.wg.Done()
-			lease.keep(runCtx, cancel)
-		}()
-		release = lease.release
+		release = s.keepName(runCtx, cancel, lease, logger)
 	}
 
 	s.logger.Debug("Subscribed", logFields)

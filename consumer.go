@@ -61,7 +61,8 @@ type groupLoop struct {
 
 	retries retries
 
-	sweeper *sweeper // removes departed consumers on the claim beat
+	sweeper     *sweeper // removes departed consumers on the claim beat
+	releaseName func()   // releases the consumer name's lease; called on exit
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -93,6 +94,7 @@ func stoppedTimer() *time.Timer {
 
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
+	defer l.releaseName()
 	defer l.flushOnExit()
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 {

@@ -267,8 +267,11 @@ func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger w
 }
 
 // keepName starts the goroutine that renews lease until ctx ends (cancel
-// ends the subscription if the name is lost), and returns the release to
-// call once the subscription's loop has returned.
+// ends the subscription if the name is lost), and returns the release that
+// the subscription's loop calls when it ends, after its last Acks and
+// before it closes its channel: once the channel is closed the name is free,
+// so that a subscription started right after (a router closed and run
+// again) gets it, and with it the pending entries.
 func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, lease *nameLease, logger watermill.LoggerAdapter) (release func()) {
 	lease.logger = logger
 	s.wg.Add(1) // the subscription holds the count above zero, so Close cannot be past Wait
@@ -276,7 +279,10 @@ func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, le
 		defer s.wg.Done()
 		lease.keep(ctx, cancel)
 	}()
-	return lease.release
+	return func() {
+		cancel() // ends the keeper, whatever ended the loop
+		lease.release()
+	}
 }
 
 // try takes the lease if it is free, or returns its holder's token and

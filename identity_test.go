@@ -135,6 +135,29 @@ func TestCloseReleasesTheConsumerName(t *testing.T) {
 	assert.Equal(t, "worker", consumerOf(t, e, e.subscribe(second)))
 }
 
+// Once a subscription's channel is closed its name is free: a router closed
+// and run again, or a Subscribe whose context ended and that starts again,
+// gets the name back and with it what was left pending.
+func TestNameIsFreeOnceTheChannelIsClosed(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sub := e.subscriber("g", "worker")
+	sent := e.publish(1)
+	for round := range 3 {
+		subCtx, cancel := context.WithCancel(ctx)
+		msgs, err := sub.Subscribe(subCtx, e.topic)
+		require.NoError(t, err)
+		m := receive(t, msgs)
+		require.Equal(t, sent[0].UUID, m.UUID)
+		require.Equal(t, "worker", m.Metadata.Get(valkeystream.MetadataConsumer), "round %d", round)
+		require.Equal(t, round+1, valkeystream.DeliveryCount(m), "round %d", round)
+		cancel() // not Acked: it stays pending for worker
+		for range msgs {
+		}
+		require.Zero(t, e.client.Exists(ctx, leaseKeyOf(e.topic, "g", "worker")).Val(), "round %d: the name must be free", round)
+	}
+}
+
 func TestSubscriptionThatLostItsNameStops(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)

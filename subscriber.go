@@ -115,7 +115,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
 	var l interface{ run(context.Context) }
-	release := func() {}
 
 	if s.config.ConsumerGroup == "" {
 		start, err := s.fanOutStart(runCtx, key)
@@ -145,14 +144,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		logger := s.logger.With(logFields)
 		gl := newGroupLoop(s, key, lease.name, out, logger)
 		gl.sweeper = s.newSweeper(key, lease.name, logger)
+		gl.releaseName = s.keepName(runCtx, cancel, lease, logger)
 		l = gl
-		release = s.keepName(runCtx, cancel, lease, logger)
 	}
 
 	s.logger.Debug("Subscribed", logFields)
 	go func() {
 		defer s.wg.Done()
-		defer release()
 		defer cancel()
 		defer stopWatch()
 		l.run(runCtx)

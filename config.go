@@ -40,6 +40,13 @@ const (
 	// DefaultNackBackoffMax caps the wait before a Nacked message is
 	// delivered again, with the default NackResendDelay.
 	DefaultNackBackoffMax = 10 * time.Second
+	// DefaultConsumerLeaseTTL is how long a consumer name stays leased to a
+	// subscription that stopped renewing it (a process that died without
+	// Close): the longest a restarted process waits to get its name back.
+	DefaultConsumerLeaseTTL = 10 * time.Second
+	// DefaultRemoveIdleConsumersFactor times ClaimMinIdle is the default
+	// RemoveIdleConsumersAfter.
+	DefaultRemoveIdleConsumersFactor = 4
 )
 
 // Sentinels for the fields where zero means the default and "off" or "at
@@ -59,6 +66,14 @@ const (
 	// Error level with its raw fields, counted and acknowledged.
 	NoDeadLetter = "-"
 )
+
+// NeverRemoveConsumers, as SubscriberConfig.RemoveIdleConsumersAfter, keeps
+// every consumer in the group: none is ever removed.
+const NeverRemoveConsumers time.Duration = -1
+
+// minConsumerLeaseTTL is the shortest ConsumerLeaseTTL: the lease is renewed
+// every fifth of it, and a renewal needs a round trip.
+const minConsumerLeaseTTL = 100 * time.Millisecond
 
 // StartPosition is where a new consumer group begins reading. It has no usable
 // zero value: a [Subscriber] must declare one.
@@ -145,15 +160,42 @@ type SubscriberConfig struct {
 	// entry with XREAD, nothing is acknowledged and nothing is pending.
 	ConsumerGroup string
 
-	// Consumer is this consumer's name in the group. A consumer that restarts
-	// under the same name gets its own pending entries back before anything
-	// new. Default: the host name, which is stable across restarts of a
-	// process on the same host. When several subscriptions of one process
-	// read the same stream through the same group at once, the second gets
-	// the name with "-2" appended, the third "-3", and so on, so that no two
-	// of them share a pending list. Two processes that share a host must set
-	// distinct names. Only used with ConsumerGroup.
+	// Consumer is this consumer's name in the group, or rather the base of
+	// it. A consumer that restarts under the same name gets its own pending
+	// entries back before anything new. Default: the host name, which is
+	// stable across restarts of a process on the same host.
+	//
+	// A name belongs to one live subscription at a time, in any process:
+	// Subscribe takes a lease on it on the server (see ConsumerLeaseTTL).
+	// When a live subscription, here or in another process, holds the name,
+	// Subscribe takes the next free one of name-2, name-3, ...; when a
+	// subscription that stopped without Close (a killed process) still
+	// holds it, Subscribe waits for that lease to lapse and takes the name
+	// itself. This holds for a name set here as for the default. The name a
+	// subscription got is in every message's MetadataConsumer. Only used
+	// with ConsumerGroup.
 	Consumer string
+
+	// ConsumerLeaseTTL is how long the lease on a consumer name lasts
+	// unless renewed. A subscription renews its lease every fifth of it and
+	// deletes it on Close, so it only matters when a process dies: a
+	// restarted process waits up to this long for its name (and its pending
+	// entries), and a subscription whose renewals could not reach the server
+	// for this long may lose its name to another subscription (it then
+	// stops, see docs/design.md). At least 100ms. Only used with
+	// ConsumerGroup. Default: DefaultConsumerLeaseTTL.
+	ConsumerLeaseTTL time.Duration
+
+	// RemoveIdleConsumersAfter is how long a consumer of the group must have
+	// been idle, as the server measures it (XINFO CONSUMERS idle), before a
+	// subscription of the group removes it (XGROUP DELCONSUMER) on its claim
+	// beat, so that the names of consumers that left do not accumulate. A
+	// consumer is only removed while it holds no pending entries and while
+	// no subscription holds a lease on its name. It must exceed
+	// ClaimMinIdle; NeverRemoveConsumers switches removal off. Only used
+	// with ConsumerGroup. Default: DefaultRemoveIdleConsumersFactor ×
+	// ClaimMinIdle (2 minutes with the default ClaimMinIdle).
+	RemoveIdleConsumersAfter time.Duration
 
 	// Start is where a new consumer group begins: StartNew ($, only entries
 	// added after the group exists) or StartHead (0, the whole stream).
@@ -258,6 +300,12 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
 	}
+	if c.ConsumerLeaseTTL == 0 {
+		c.ConsumerLeaseTTL = DefaultConsumerLeaseTTL
+	}
+	if c.RemoveIdleConsumersAfter == 0 {
+		c.RemoveIdleConsumersAfter = DefaultRemoveIdleConsumersFactor * c.ClaimMinIdle
+	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = DefaultDeadLetterSuffix
 	}
@@ -296,6 +344,12 @@ func (c SubscriberConfig) Validate() error {
 	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
 		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
 			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)
+	case c.ConsumerLeaseTTL < minConsumerLeaseTTL:
+		return fmt.Errorf("%w: ConsumerLeaseTTL is %s: it must be at least %s (the lease is renewed every fifth of it)",
+			ErrInvalidConfig, c.ConsumerLeaseTTL, minConsumerLeaseTTL)
+	case c.RemoveIdleConsumersAfter != NeverRemoveConsumers && c.RemoveIdleConsumersAfter <= c.ClaimMinIdle:
+		return fmt.Errorf("%w: RemoveIdleConsumersAfter (%s) must exceed ClaimMinIdle (%s), or be NeverRemoveConsumers to keep every consumer",
+			ErrInvalidConfig, c.RemoveIdleConsumersAfter, c.ClaimMinIdle)
 	}
 	return nil
 }

@@ -49,6 +49,15 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{name: "min idle not above ack flush", edit: func(c *valkeystream.SubscriberConfig) {
 			c.AckFlushInterval, c.ClaimMinIdle = time.Minute, 30*time.Second
 		}, want: []string{"ClaimMinIdle", "AckFlushInterval (1m0s)"}},
+		{name: "lease too short", edit: func(c *valkeystream.SubscriberConfig) { c.ConsumerLeaseTTL = 50 * time.Millisecond },
+			want: []string{"ConsumerLeaseTTL is 50ms", "at least 100ms"}},
+		{name: "consumer removal before reclaim", edit: func(c *valkeystream.SubscriberConfig) {
+			c.RemoveIdleConsumersAfter = 10 * time.Second
+		}, want: []string{"RemoveIdleConsumersAfter (10s)", "ClaimMinIdle (30s)", "NeverRemoveConsumers"}},
+		{name: "consumer removal negative", edit: func(c *valkeystream.SubscriberConfig) { c.RemoveIdleConsumersAfter = -time.Second },
+			want: []string{"RemoveIdleConsumersAfter"}},
+		{name: "consumers never removed", edit: func(c *valkeystream.SubscriberConfig) { c.RemoveIdleConsumersAfter = valkeystream.NeverRemoveConsumers }},
+		{name: "default removal follows ClaimMinIdle", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimMinIdle = 10 * time.Minute }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -55,6 +55,9 @@ type groupLoop struct {
 	lease   lease
 	retries retries
 	nackLog logLimit
+
+	sweeper     *sweeper // removes departed consumers on the claim beat
+	releaseName func()   // releases the consumer name's lease; called on exit
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -80,6 +83,7 @@ const nackLogEvery = 10 * time.Second
 
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
+	defer l.releaseName()
 	defer l.flushOnExit()
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 || l.plan.mustFetch() {
@@ -215,6 +219,11 @@ func (l *groupLoop) claim(ctx context.Context) error {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
 	}
 	l.plan.claimed(next, nulls, time.Now())
+	if next == "0-0" {
+		// The pending list was scanned to its end: a good time to remove
+		// consumers that left with nothing pending.
+		l.sweeper.sweep(ctx)
+	}
 	for _, id := range deleted {
 		// The server already dropped these from the pending list.
 		l.reportMissing(id, false)

@@ -32,6 +32,9 @@ const (
 	crashClaimMinIdle  = 1500 * time.Millisecond
 	crashClaimInterval = 300 * time.Millisecond
 	crashBlockTime     = 200 * time.Millisecond
+	// A worker that comes back under its old name waits up to this long
+	// for the lease of the killed one to lapse.
+	crashLeaseTTL = 500 * time.Millisecond
 )
 
 // crashAuditParams sizes one crash audit.
@@ -380,6 +383,7 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 		"-claim-interval", crashClaimInterval.String(),
 		"-claim-min-idle", crashClaimMinIdle.String(),
 		"-ack-flush", ackFlush.String(),
+		"-lease-ttl", crashLeaseTTL.String(),
 	}
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -100,9 +99,13 @@ func (s *Subscriber) begin() error {
 
 // Subscribe starts a subscription to topic and returns its messages. With a
 // consumer group it first runs the group door, and returns a
-// *GroupCreateError if the server refuses it. After Close, or when Close
-// ends it while it starts, it returns ErrSubscriberClosed. The channel is closed when ctx
-// is cancelled or the Subscriber is closed.
+// *GroupCreateError if the server refuses it; then it leases a consumer name
+// (see SubscriberConfig.Consumer), which can wait up to ConsumerLeaseTTL
+// for the lease of a process that died holding the name. After Close, or
+// when Close ends it while it starts, it returns ErrSubscriberClosed. The
+// channel is closed when ctx is cancelled or the Subscriber is closed, or
+// when the subscription lost its consumer name to another one (logged at
+// Error).
 //
 // Messages are sent one at a time: the next one comes after the previous was
 // Acked or Nacked. Each message's context is cancelled once it is settled.
@@ -140,7 +143,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
 	var l interface{ run(context.Context) }
-	release := func() {}
 
 	if s.config.ConsumerGroup == "" {
 		start, err := s.fanOutStart(runCtx, key)
@@ -160,13 +162,19 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, s.closedOr(err)
 		}
-		var consumer string
-		consumer, release = acquireConsumerName(key, s.config.ConsumerGroup, s.config.Consumer)
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		logFields["consumer"] = consumer
-		gl := newGroupLoop(s, key, consumer, out, s.logger.With(logFields))
+		lease, err := s.takeName(runCtx, key, s.logger.With(logFields))
+		if err != nil {
+			abort()
+			return nil, s.closedOr(err)
+		}
+		logFields["consumer"] = lease.name
+		logger := s.logger.With(logFields)
+		gl := newGroupLoop(s, key, lease.name, out, logger)
 		gl.retries.health = health
-		health.setConsumer(consumer)
+		health.setConsumer(lease.name)
+		gl.sweeper = s.newSweeper(key, lease.name, logger)
+		gl.releaseName = s.keepName(runCtx, cancel, lease, logger)
 		l = gl
 	}
 
@@ -175,7 +183,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer s.wg.Done()
 		defer health.end()
-		defer release()
 		defer cancel()
 		defer unwatch()
 		l.run(runCtx)
@@ -205,34 +212,4 @@ func (s *Subscriber) Close() error {
 		}
 	})
 	return s.closeErr
-}
-
-// consumerNames holds the consumer names in use by running subscriptions of
-// this process, so that two subscriptions never share one pending list.
-var consumerNames = struct {
-	sync.Mutex
-	inUse map[[3]string]struct{}
-}{inUse: map[[3]string]struct{}{}}
-
-// acquireConsumerName returns base, or base-2, base-3, ... for the first name
-// no running subscription of this process uses on key and group. The same
-// order of subscriptions after a restart yields the same names.
-func acquireConsumerName(key, group, base string) (name string, release func()) {
-	consumerNames.Lock()
-	defer consumerNames.Unlock()
-	for i := 1; ; i++ {
-		name = base
-		if i > 1 {
-			name = base + "-" + strconv.Itoa(i)
-		}
-		k := [3]string{key, group, name}
-		if _, taken := consumerNames.inUse[k]; !taken {
-			consumerNames.inUse[k] = struct{}{}
-			return name, func() {
-				consumerNames.Lock()
-				delete(consumerNames.inUse, k)
-				consumerNames.Unlock()
-			}
-		}
-	}
 }

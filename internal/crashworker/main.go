@@ -8,6 +8,9 @@
 // its standard input reaches end of file: the test closes the pipe, or the
 // test process died, so a worker never outlives its test.
 //
+// With -stall the handler never finishes: the worker holds what it read until
+// it is killed, for tests of what a restart gets back.
+//
 // Exit statuses: 0 after a graceful stop, 1 when the ledger cannot be
 // written, 2 for bad arguments or a failed start, 3 when the subscription
 // ended by itself.
@@ -45,6 +48,8 @@ func main() {
 		claimInterval = flag.Duration("claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
 		claimMinIdle  = flag.Duration("claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
 		ackFlush      = flag.Duration("ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
+		leaseTTL      = flag.Duration("lease-ttl", 0, "SubscriberConfig.ConsumerLeaseTTL (0: default)")
+		stall         = flag.Bool("stall", false, "never finish a message: the handler waits until the process ends")
 		verbose       = flag.Bool("v", false, "log at debug level")
 	)
 	flag.Parse()
@@ -69,6 +74,7 @@ func main() {
 		ClaimInterval:    *claimInterval,
 		ClaimMinIdle:     *claimMinIdle,
 		AckFlushInterval: *ackFlush,
+		ConsumerLeaseTTL: *leaseTTL,
 	}, watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)
@@ -111,6 +117,10 @@ func main() {
 		if err := ledger.Begin(m.UUID, id, count); err != nil {
 			fmt.Fprintln(os.Stderr, "crashworker:", err)
 			os.Exit(1)
+		}
+		if *stall {
+			<-ctx.Done()
+			continue
 		}
 		if *delayMax > 0 && rng.Float64() < *delayProb {
 			time.Sleep(time.Duration(rng.Int64N(int64(*delayMax)) + 1))

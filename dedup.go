@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,6 +164,8 @@ type DedupStats struct {
 // [Deduplicator.Middleware].
 type Deduplicator struct {
 	config DedupConfig
+	prefix string       // dedupRunning and a random name of this Deduplicator
+	next   atomic.Int64 // numbers its handlings
 	stats  struct {
 		handled, marked, skipped, busy, released, lostMarks, faults atomic.Int64
 	}
@@ -175,7 +178,12 @@ func NewDeduplicator(config DedupConfig) (*Deduplicator, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Deduplicator{config: config}, nil
+	return &Deduplicator{config: config, prefix: dedupRunning + watermill.NewShortUUID() + ":"}, nil
+}
+
+// token returns an in-progress mark unique to one handling.
+func (d *Deduplicator) token() string {
+	return d.prefix + strconv.FormatInt(d.next.Add(1), 10)
 }
 
 // Stats returns the Deduplicator's counters.
@@ -227,7 +235,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		token := dedupRunning + watermill.NewShortUUID()
+		token := d.token()
 		switch state, err := d.begin(ctx, key, token); {
 		case err != nil:
 			d.stats.faults.Add(1)

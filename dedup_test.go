@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 var _ middleware.ExpiringKeyRepository = (*valkeystream.ExpiringKeyRepository)(nil)
@@ -290,5 +291,47 @@ func TestExpiringKeyRepository(t *testing.T) {
 	ttl := e.client.PTTL(context.Background(), valkeystream.DefaultDedupKeyPrefix+"k1").Val()
 	if ttl <= 0 || ttl > time.Minute {
 		t.Fatalf("key time to live is %s, want in (0, 1m]", ttl)
+	}
+}
+
+// BenchmarkConsumeRouterDedup measures b.N pre-published messages handled
+// through a Watermill router by a handler that does nothing, without and
+// with the Deduplicator (two more round trips per message: SET NX before the
+// handler, the done mark after it).
+func BenchmarkConsumeRouterDedup(b *testing.B) {
+	srv := testserver.Start(b)
+	client := newClient(b, srv)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
+	require.NoError(b, err)
+	for _, withDedup := range []bool{false, true} {
+		b.Run(map[bool]string{false: "plain", true: "dedup"}[withDedup], func(b *testing.B) {
+			sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+				Client: client, ConsumerGroup: "bench", Start: valkeystream.StartHead,
+			}, nil)
+			require.NoError(b, err)
+			topic := prefill(b, pub, b.N)
+			router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+			require.NoError(b, err)
+			done := make(chan struct{})
+			handled := 0
+			h := router.AddConsumerHandler("bench", topic, sub, func(*message.Message) error {
+				handled++ // the subscription delivers one message at a time
+				if handled == b.N {
+					close(done)
+				}
+				return nil
+			})
+			if withDedup {
+				d, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client})
+				require.NoError(b, err)
+				h.AddMiddleware(d.Middleware)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			go func() { _ = router.Run(context.Background()) }()
+			<-done
+			b.StopTimer()
+			require.NoError(b, router.Close())
+		})
 	}
 }

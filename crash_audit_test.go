@@ -32,6 +32,9 @@ const (
 	crashClaimMinIdle  = 1500 * time.Millisecond
 	crashClaimInterval = 300 * time.Millisecond
 	crashBlockTime     = 200 * time.Millisecond
+	// crashDedupRunningTTL is how long the in-progress mark of a killed
+	// deduplicating worker holds back the message's redelivery.
+	crashDedupRunningTTL = 3 * time.Second
 )
 
 // crashAuditParams sizes one crash audit.
@@ -42,6 +45,7 @@ type crashAuditParams struct {
 	KillEvery  [2]time.Duration // pause before each kill, uniform in [0]..[1]
 	PublishFor time.Duration    // publishing is spread over about this long
 	Batch      int              // messages per Publish call
+	Dedup      bool             // workers handle through the Deduplicator
 }
 
 // TestCrashAudit runs consumers as separate processes (internal/crashworker)
@@ -69,6 +73,21 @@ func TestCrashAudit(t *testing.T) {
 	})
 }
 
+// TestCrashAuditDedup is TestCrashAudit with workers that handle through the
+// Deduplicator: a message may still be handled to completion twice, but only
+// when a kill landed between its handling and the done mark.
+func TestCrashAuditDedup(t *testing.T) {
+	runCrashAudit(t, crashAuditParams{
+		Messages:   10000,
+		Workers:    3,
+		Rounds:     20,
+		KillEvery:  [2]time.Duration{150 * time.Millisecond, 600 * time.Millisecond},
+		PublishFor: 6 * time.Second,
+		Batch:      20,
+		Dedup:      true,
+	})
+}
+
 // crashWorker is one run of the worker process.
 type crashWorker struct {
 	name    string // consumer name
@@ -82,6 +101,12 @@ type crashWorker struct {
 	ledger *audit.Reader
 	began  map[string]bool // entry ids this process began handling
 	ended  map[string]bool // entry ids this process finished handling
+	killed bool
+
+	// With Dedup: the UUID of the last message this process handled, and
+	// whether it was marked done afterwards.
+	lastHandled       string
+	lastHandledMarked bool
 }
 
 func (w *crashWorker) exited() bool {
@@ -117,6 +142,7 @@ type crashAudit struct {
 
 	all     []*crashWorker // every process ever started
 	handled map[string]int // uuid -> complete "handled" lines in all ledgers
+	marked  map[string]int // uuid -> "marked" lines in all ledgers (Dedup)
 	began   int
 	maxDC   int // highest delivery count seen
 	kills   crashKillStats
@@ -145,6 +171,7 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 		rng:     rand.New(rand.NewPCG(seed, 0x5eed)),
 		seed:    seed,
 		handled: map[string]int{},
+		marked:  map[string]int{},
 	}
 	t.Cleanup(a.killAll)
 	ctx := context.Background()
@@ -288,6 +315,49 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 		k.queued, k.queuedEntries, k.inHandler, k.unacked, k.unackedEntries, k.idle)
 	t.Logf("outcome: every message handled at least once; %d handled more than once (%d extra handlings, %d handler starts in all), max delivery count %d, last kill to fully drained %s",
 		duplicated, extra, a.began, a.maxDC, drained.Round(time.Millisecond))
+	if p.Dedup {
+		a.judgeDedup()
+	}
+}
+
+// judgeDedup checks the audit of deduplicating workers: a message may be
+// handled to completion more than once only when a kill landed between a
+// completed handling and its done mark, so that every extra handling of a
+// message is matched by a killed worker whose last handling was that
+// message, unmarked.
+func (a *crashAudit) judgeDedup() {
+	t := a.t
+	unmarked := map[string]int{} // uuid -> killed workers that handled it last, without the mark
+	windows := 0
+	for _, w := range a.all {
+		if w.killed && w.lastHandled != "" && !w.lastHandledMarked {
+			unmarked[w.lastHandled]++
+			windows++
+		}
+	}
+	duplicated, explained, markedTwice := 0, 0, 0
+	var unexplained []string
+	for id, n := range a.handled {
+		if a.marked[id] > 1 {
+			markedTwice++
+		}
+		if n < 2 {
+			continue
+		}
+		duplicated++
+		if unmarked[id] >= n-1 {
+			explained++
+		} else {
+			unexplained = append(unexplained, fmt.Sprintf("%s (handled %d times, %d marks, %d unmarked at a kill)", id, n, a.marked[id], unmarked[id]))
+		}
+	}
+	t.Logf("deduplication: %d messages handled to completion more than once; %d of them explained by a kill between the handling and its done mark (%d kills landed after a handling and before its mark was in the ledger, mark written or not), %d marked done twice",
+		duplicated, explained, windows, markedTwice)
+	sort.Strings(unexplained)
+	if len(unexplained) > 0 {
+		t.Errorf("%d messages handled more than once without a kill between a handling and its mark: %s",
+			len(unexplained), strings.Join(unexplained[:min(len(unexplained), 10)], "; "))
+	}
 }
 
 type crashPublishResult struct {
@@ -381,6 +451,9 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 		"-claim-min-idle", crashClaimMinIdle.String(),
 		"-ack-flush", ackFlush.String(),
 	}
+	if a.p.Dedup {
+		args = append(args, "-dedup", "-running-ttl", crashDedupRunningTTL.String())
+	}
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
@@ -411,6 +484,7 @@ func (a *crashAudit) kill(w *crashWorker) {
 	t.Helper()
 	require.NoError(t, w.cmd.Process.Kill())
 	<-w.done
+	w.killed = true
 	_ = w.stdin.Close()
 	a.readLedger(w)
 
@@ -489,6 +563,12 @@ func (a *crashAudit) readLedger(w *crashWorker) {
 			a.handled[r.UUID]++
 			w.ended[r.EntryID] = true
 			a.maxDC = max(a.maxDC, r.Count)
+			w.lastHandled, w.lastHandledMarked = r.UUID, false
+		case audit.Marked:
+			a.marked[r.UUID]++
+			if r.UUID == w.lastHandled {
+				w.lastHandledMarked = true
+			}
 		}
 	}
 }

@@ -4,6 +4,11 @@
 // when the handler begins and another when it has finished, before the Ack.
 // The test kills it with SIGKILL at random moments and reads the ledgers back.
 //
+// With -dedup the handler runs inside valkeystream's Deduplicator, and a
+// third line records that the message was marked done, after the mark and
+// before the Ack. A delivery the Deduplicator turns away (another handling
+// is in progress) is Nacked.
+//
 // It stops gracefully (Close sends the Acks not sent yet, exit status 0) when
 // its standard input reaches end of file: the test closes the pipe, or the
 // test process died, so a worker never outlives its test.
@@ -45,6 +50,8 @@ func main() {
 		claimInterval = flag.Duration("claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
 		claimMinIdle  = flag.Duration("claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
 		ackFlush      = flag.Duration("ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
+		dedup         = flag.Bool("dedup", false, "run the handler inside the Deduplicator")
+		runningTTL    = flag.Duration("running-ttl", time.Second, "DedupConfig.RunningTTL (with -dedup)")
 		verbose       = flag.Bool("v", false, "log at debug level")
 	)
 	flag.Parse()
@@ -59,6 +66,7 @@ func main() {
 		os.Exit(2)
 	}
 	client := redis.NewClient(&redis.Options{Addr: *addr})
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client:           client,
 		ConsumerGroup:    *group,
@@ -69,10 +77,20 @@ func main() {
 		ClaimInterval:    *claimInterval,
 		ClaimMinIdle:     *claimMinIdle,
 		AckFlushInterval: *ackFlush,
-	}, watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false))
+	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)
 		os.Exit(2)
+	}
+	var dedupe *valkeystream.Deduplicator
+	if *dedup {
+		dedupe, err = valkeystream.NewDeduplicator(valkeystream.DedupConfig{
+			Client: client, RunningTTL: *runningTTL, Logger: logger,
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker:", err)
+			os.Exit(2)
+		}
 	}
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -105,7 +123,7 @@ func main() {
 
 	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
 	handled := 0
-	for m := range msgs {
+	handle := func(m *message.Message) ([]*message.Message, error) {
 		id := m.Metadata.Get(valkeystream.MetadataEntryID)
 		count := valkeystream.DeliveryCount(m)
 		if err := ledger.Begin(m.UUID, id, count); err != nil {
@@ -119,8 +137,29 @@ func main() {
 			fmt.Fprintln(os.Stderr, "crashworker:", err)
 			os.Exit(1)
 		}
-		m.Ack()
 		handled++
+		return nil, nil
+	}
+	if dedupe != nil {
+		handle = dedupe.Middleware(handle)
+	}
+	for m := range msgs {
+		var marked int64
+		if dedupe != nil {
+			marked = dedupe.Stats().Marked
+		}
+		if _, err := handle(m); err != nil {
+			m.Nack()
+			continue
+		}
+		if dedupe != nil && dedupe.Stats().Marked > marked {
+			id := m.Metadata.Get(valkeystream.MetadataEntryID)
+			if err := ledger.Marked(m.UUID, id, valkeystream.DeliveryCount(m)); err != nil {
+				fmt.Fprintln(os.Stderr, "crashworker:", err)
+				os.Exit(1)
+			}
+		}
+		m.Ack()
 	}
 
 	status := 0
@@ -134,5 +173,8 @@ func main() {
 	_ = client.Close()
 	_ = ledger.Close()
 	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages; stats %+v\n", *consumer, handled, sub.Stats())
+	if dedupe != nil {
+		fmt.Fprintf(os.Stderr, "crashworker: %s deduplication stats %+v\n", *consumer, dedupe.Stats())
+	}
 	os.Exit(status)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -46,6 +47,7 @@ type crashAuditParams struct {
 	PublishFor time.Duration    // publishing is spread over about this long
 	Batch      int              // messages per Publish call
 	Dedup      bool             // workers handle through the Deduplicator
+	Delayed    float64          // fraction of messages published with a delay of up to 1 s
 }
 
 // TestCrashAudit runs consumers as separate processes (internal/crashworker)
@@ -75,7 +77,9 @@ func TestCrashAudit(t *testing.T) {
 
 // TestCrashAuditDedup is TestCrashAudit with workers that handle through the
 // Deduplicator: a message may still be handled to completion twice, but only
-// when a kill landed between its handling and the done mark.
+// when a kill landed between its handling and the done mark. A fifth of the
+// messages are delayed by up to a second, so the kills also land on workers
+// moving due messages into the stream: each must be moved exactly once.
 func TestCrashAuditDedup(t *testing.T) {
 	runCrashAudit(t, crashAuditParams{
 		Messages:   10000,
@@ -85,6 +89,7 @@ func TestCrashAuditDedup(t *testing.T) {
 		PublishFor: 6 * time.Second,
 		Batch:      20,
 		Dedup:      true,
+		Delayed:    0.2,
 	})
 }
 
@@ -318,6 +323,38 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 	if p.Dedup {
 		a.judgeDedup()
 	}
+	if p.Delayed > 0 {
+		a.judgeDelayed(want)
+	}
+}
+
+// judgeDelayed checks that the workers, killed while they moved delayed
+// messages into the stream, moved each exactly once: every published UUID is
+// in the stream once, and none is left waiting.
+func (a *crashAudit) judgeDelayed(want []string) {
+	t := a.t
+	ctx := context.Background()
+	entries, err := a.admin.XRange(ctx, a.topic, "-", "+").Result()
+	require.NoError(t, err)
+	inStream := map[string]int{}
+	for _, e := range entries {
+		id, _ := e.Values[valkeystream.FieldUUID].(string)
+		inStream[id]++
+	}
+	twice := 0
+	for _, id := range want {
+		if inStream[id] != 1 {
+			twice++
+		}
+	}
+	delayedKey, err := valkeystream.DelayedKey(a.topic)
+	require.NoError(t, err)
+	waiting, err := a.admin.ZCard(ctx, delayedKey).Result()
+	require.NoError(t, err)
+	t.Logf("delayed messages: %d entries in the stream for %d messages, %d still waiting", len(entries), len(want), waiting)
+	if twice > 0 || waiting > 0 || len(entries) != len(want) {
+		t.Errorf("%d messages are not in the stream exactly once, %d still wait in %s", twice, waiting, delayedKey)
+	}
 }
 
 // judgeDedup checks the audit of deduplicating workers: a message may be
@@ -394,6 +431,9 @@ func (a *crashAudit) publish(count *atomic.Int64, seed uint64) crashPublishResul
 				payload[j] = letters[rng.IntN(len(letters))]
 			}
 			msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
+			if rng.Float64() < a.p.Delayed {
+				delay.Message(msgs[i], delay.For(time.Duration(rng.Int64N(int64(time.Second)))))
+			}
 		}
 		for attempt := 1; ; attempt++ {
 			err := pub.Publish(a.topic, msgs...)

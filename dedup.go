@@ -42,13 +42,6 @@ const (
 	dedupRunning = "running:"
 )
 
-// ErrDuplicateInProgress is returned by the [Deduplicator] middleware, which
-// makes the router Nack the message, when another handling of the same
-// message is in progress and did not end within BusyWait. The message comes
-// back later: then it is skipped if that handling succeeded, and handled if
-// it failed.
-var ErrDuplicateInProgress = errors.New("valkeystream: the message is being handled elsewhere; it will come back")
-
 // DedupConfig configures a [Deduplicator]. [NewDeduplicator] takes a copy, so
 // later changes by the caller have no effect.
 type DedupConfig struct {

@@ -231,7 +231,9 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		token := d.token()
 		switch state, err := d.begin(ctx, key, token); {
 		case err != nil:
-			d.stats.faults.Add(1)
+			if ctx.Err() == nil {
+				d.stats.faults.Add(1)
+			}
 			return nil, fmt.Errorf("valkeystream: deduplicating message %s: setting its in-progress mark %q: %w", msg.UUID, key, err)
 		case state == dedupDone:
 			d.stats.skipped.Add(1)

@@ -125,6 +125,37 @@ func TestDelayedMessagesArriveWhenDueInDueOrder(t *testing.T) {
 	assert.Zero(t, e.client.Exists(context.Background(), "{"+e.topic+"}:delayed").Val(), "the sorted set is not empty")
 }
 
+func TestDelayedPollIntervalValidate(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		interval time.Duration
+		ok       bool
+	}{{0, true}, {-1, true}, {time.Millisecond, true}, {time.Microsecond, false}} {
+		_, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+			Client: e.client, Start: valkeystream.StartNew, DelayedPollInterval: tc.interval,
+		}, nil)
+		if tc.ok != (err == nil) {
+			t.Errorf("DelayedPollInterval %s: error %v, want ok=%t", tc.interval, err, tc.ok)
+		}
+		if err != nil {
+			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
+			assert.ErrorContains(t, err, "DelayedPollInterval")
+		}
+	}
+}
+
+// A topic whose stream key has '}' but no hash tag cannot hold delayed
+// messages: Publish says so and writes nothing.
+func TestDelayedMessageToATopicWithoutASlotFails(t *testing.T) {
+	e := newEnv(t)
+	msg := delayed("x", delay.For(time.Minute))
+	err := e.publisher().Publish("odd}topic", msg)
+	var pubErr *valkeystream.PublishError
+	require.ErrorAs(t, err, &pubErr)
+	assert.Equal(t, []string{msg.UUID}, pubErr.NotSent)
+	assert.ErrorContains(t, err, "hash tag")
+}
+
 // delay.Until, delay.NewPublisher with a delay in the context, and a due time
 // in the past (delivered at once, straight into the stream).
 func TestDelayUntilContextAndPast(t *testing.T) {

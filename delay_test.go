@@ -270,6 +270,44 @@ func TestDelayedMessagesSurviveServerKills(t *testing.T) {
 	t.Logf("%d messages, %d deliveries (redeliveries after the kills included)", n, got.count())
 }
 
+// middleware.DelayOnError with a poison queue that publishes back to the
+// consumed topic: a failed message returns after the delay, growing, with no
+// requeuer.
+func TestDelayOnErrorBackToTheSameTopic(t *testing.T) {
+	e := newEnv(t)
+	pub := e.publisher()
+	poison, err := middleware.PoisonQueue(pub, e.topic)
+	require.NoError(t, err)
+	delayOnError := middleware.DelayOnError{InitialInterval: 500 * time.Millisecond, MaxInterval: 2 * time.Second, Multiplier: 2}
+
+	var mu sync.Mutex
+	var calls []time.Time
+	e.runRouter(e.subscriber("g", "c"), func(msg *message.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, time.Now())
+		if len(calls) < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	}, poison, delayOnError.Middleware)
+
+	require.NoError(t, pub.Publish(e.topic, message.NewMessage(watermill.NewUUID(), []byte("x"))))
+	waitUntil(t, "the third try", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) >= 3 })
+	time.Sleep(300 * time.Millisecond) // nothing more comes
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 3 {
+		t.Fatalf("handler ran %d times, want 3", len(calls))
+	}
+	for i, want := range []time.Duration{500 * time.Millisecond, time.Second} {
+		if gap := calls[i+1].Sub(calls[i]); gap < want {
+			t.Errorf("try %d came %s after the previous one, want at least %s", i+2, gap, want)
+		}
+	}
+	t.Logf("tries at +0, +%s, +%s", calls[1].Sub(calls[0]).Round(time.Millisecond), calls[2].Sub(calls[0]).Round(time.Millisecond))
+}
+
 // A handler that fails with middleware.DelayOnError sends its message through
 // a poison queue to a requeue topic, from which Watermill's requeuer publishes
 // it back; it comes back no earlier than the delay, and again later with the

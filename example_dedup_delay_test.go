@@ -34,8 +34,7 @@ func ExampleDeduplicator() {
 	// duplicates it dropped.
 }
 
-// A message delivered ten minutes after it is published, and a handler whose
-// failed messages come back after a growing delay.
+// A message delivered ten minutes after it is published.
 func ExamplePublisher_delayed() {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer client.Close()

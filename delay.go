@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -300,7 +301,7 @@ type delayedMover struct {
 	client redis.UniversalClient
 	keys   []string // sorted set, stream
 	logger watermill.LoggerAdapter
-	faults interface{ Add(int64) int64 }
+	faults *atomic.Int64 // the Subscriber's fault counter
 }
 
 // run moves due messages every beat until ctx ends. A failed move is logged
@@ -329,14 +330,14 @@ func (m *delayedMover) run(ctx context.Context, every time.Duration) {
 					watermill.LogFields{"delayed_key": m.keys[0]})
 			}
 			next = max(every, backoff(failures))
-		case moved == delayedMoveBatch:
-			failures = 0
-			next = 0 // more may be due
 		default:
 			if failures > 0 {
 				m.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": m.keys[0], "failures": failures})
 			}
 			failures = 0
+			if moved == delayedMoveBatch {
+				next = 0 // more may be due
+			}
 		}
 		timer.Reset(next)
 	}

@@ -144,6 +144,33 @@ func TestDelayedPollIntervalValidate(t *testing.T) {
 	}
 }
 
+// A mover that fails (its sorted set key holds another type) counts each
+// failure, logs the streak once, backs off, and resumes once the key is
+// fixed.
+func TestDelayedMoverFailuresAreCountedLoggedOnceAndResume(t *testing.T) {
+	e := newEnv(t)
+	delayedKey, err := valkeystream.DelayedKey(e.topic)
+	require.NoError(t, err)
+	require.NoError(t, e.client.Set(context.Background(), delayedKey, "not a sorted set", 0).Err())
+
+	log := newErrorLog(testLogger())
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: e.client, ConsumerGroup: "g", Consumer: "c", Start: valkeystream.StartHead,
+		DelayedPollInterval: 10 * time.Millisecond,
+	}, log)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	got := collectArrivals(e.subscribe(sub))
+
+	waitUntil(t, "three failed moves", func() bool { return sub.Stats().Faults >= 3 })
+	if n := log.errors(); n != 1 {
+		t.Fatalf("%d Error lines for one streak of failures, want 1: %s", n, log.first(3))
+	}
+	require.NoError(t, e.client.Del(context.Background(), delayedKey).Err())
+	require.NoError(t, e.publisher().Publish(e.topic, delayed("x", delay.For(50*time.Millisecond))))
+	waitUntil(t, "the delayed message arrives", func() bool { return got.count() == 1 })
+}
+
 // A topic whose stream key has '}' but no hash tag cannot hold delayed
 // messages: Publish says so and writes nothing.
 func TestDelayedMessageToATopicWithoutASlotFails(t *testing.T) {

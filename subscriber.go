@@ -251,9 +251,10 @@ type Stats struct {
 	// they are dead-lettered (see DeadLetterSuffix) and acknowledged; in
 	// fan-out they are logged and skipped.
 	InvalidEntries int64
-	// Faults counts failed calls to the server: reads, claims, Acks and
-	// renewals. Reads and claims back off before they retry; a failed
-	// renewal is tried again on its next beat.
+	// Faults counts failed calls to the server: reads, claims, Acks,
+	// renewals and moves of due delayed messages. Reads, claims and moves
+	// back off before they retry; a failed renewal is tried again on its
+	// next beat.
 	Faults int64
 }
 

@@ -335,9 +335,11 @@ func (d *Deduplicator) begin(ctx context.Context, key, token string) (string, er
 func (d *Deduplicator) renew(key, token string) (stop func()) {
 	every := d.config.RunningTTL / 3
 	ttl := d.config.RunningTTL.Milliseconds()
-	var mu sync.Mutex
+	var mu sync.Mutex // guards t (set after the callback may start) and stopped
 	stopped := false
 	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
 	t = time.AfterFunc(every, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), d.config.RunningTTL)
 		defer cancel()
@@ -354,8 +356,8 @@ func (d *Deduplicator) renew(key, token string) (stop func()) {
 	})
 	return func() {
 		mu.Lock()
+		defer mu.Unlock()
 		stopped = true
-		mu.Unlock()
 		t.Stop()
 	}
 }

@@ -271,6 +271,14 @@ type SubscriberConfig struct {
 	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
 	Unmarshaler Unmarshaler
 
+	// DelayedPollInterval is how often each subscription moves the delayed
+	// messages of its topic that are due into the stream (see
+	// docs/delay.md): a delayed message is delivered within about this
+	// long after it is due. A negative value turns moving off for this
+	// Subscriber; some other subscription of the topic must then run it.
+	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.
+	DelayedPollInterval time.Duration
+
 	// CloseClient makes Close close Client too. Default: false, the client
 	// stays open for its owner.
 	CloseClient bool
@@ -312,6 +320,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = DefaultMarshaler{}
 	}
+	if c.DelayedPollInterval == 0 {
+		c.DelayedPollInterval = DefaultDelayedPollInterval
+	}
 }
 
 // Validate reports the first problem with the configuration, as an error
@@ -341,6 +352,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: NackBackoffMax is %s: it must be positive, or 0 (the default)", ErrInvalidConfig, c.NackBackoffMax)
 	case c.AckFlushInterval < 0 && c.AckFlushInterval != AckAtOnce:
 		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive, 0 (the default) or AckAtOnce (-1)", ErrInvalidConfig, c.AckFlushInterval)
+	case c.DelayedPollInterval >= 0 && c.DelayedPollInterval < time.Millisecond:
+		return fmt.Errorf("%w: DelayedPollInterval is %s: it must be at least 1ms, or negative to turn moving delayed messages off", ErrInvalidConfig, c.DelayedPollInterval)
 	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
 		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
 			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -35,6 +36,9 @@ const (
 	// A worker that comes back under its old name waits up to this long
 	// for the lease of the killed one to lapse.
 	crashLeaseTTL = 500 * time.Millisecond
+	// crashDedupRunningTTL is how long the in-progress mark of a killed
+	// deduplicating worker holds back the message's redelivery.
+	crashDedupRunningTTL = 3 * time.Second
 )
 
 // crashAuditParams sizes one crash audit.
@@ -45,6 +49,8 @@ type crashAuditParams struct {
 	KillEvery  [2]time.Duration // pause before each kill, uniform in [0]..[1]
 	PublishFor time.Duration    // publishing is spread over about this long
 	Batch      int              // messages per Publish call
+	Dedup      bool             // workers handle through the Deduplicator
+	Delayed    float64          // fraction of messages published with a delay of up to 1 s
 }
 
 // TestCrashAudit runs consumers as separate processes (internal/crashworker)
@@ -72,6 +78,24 @@ func TestCrashAudit(t *testing.T) {
 	})
 }
 
+// TestCrashAuditDedup is TestCrashAudit with workers that handle through the
+// Deduplicator: a message may still be handled to completion twice, but only
+// when a kill landed between its handling and the done mark. A fifth of the
+// messages are delayed by up to a second, so the kills also land on workers
+// moving due messages into the stream: each must be moved exactly once.
+func TestCrashAuditDedup(t *testing.T) {
+	runCrashAudit(t, crashAuditParams{
+		Messages:   10000,
+		Workers:    3,
+		Rounds:     20,
+		KillEvery:  [2]time.Duration{150 * time.Millisecond, 600 * time.Millisecond},
+		PublishFor: 6 * time.Second,
+		Batch:      20,
+		Dedup:      true,
+		Delayed:    0.2,
+	})
+}
+
 // crashWorker is one run of the worker process.
 type crashWorker struct {
 	name    string // consumer name
@@ -85,6 +109,12 @@ type crashWorker struct {
 	ledger *audit.Reader
 	began  map[string]bool // entry ids this process began handling
 	ended  map[string]bool // entry ids this process finished handling
+	killed bool
+
+	// With Dedup: the UUID of the last message this process handled, and
+	// whether it was marked done afterwards.
+	lastHandled       string
+	lastHandledMarked bool
 }
 
 func (w *crashWorker) exited() bool {
@@ -120,6 +150,7 @@ type crashAudit struct {
 
 	all     []*crashWorker // every process ever started
 	handled map[string]int // uuid -> complete "handled" lines in all ledgers
+	marked  map[string]int // uuid -> "marked" lines in all ledgers (Dedup)
 	began   int
 	maxDC   int // highest delivery count seen
 	kills   crashKillStats
@@ -148,6 +179,7 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 		rng:     rand.New(rand.NewPCG(seed, 0x5eed)),
 		seed:    seed,
 		handled: map[string]int{},
+		marked:  map[string]int{},
 	}
 	t.Cleanup(a.killAll)
 	ctx := context.Background()
@@ -291,6 +323,81 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 		k.queued, k.queuedEntries, k.inHandler, k.unacked, k.unackedEntries, k.idle)
 	t.Logf("outcome: every message handled at least once; %d handled more than once (%d extra handlings, %d handler starts in all), max delivery count %d, last kill to fully drained %s",
 		duplicated, extra, a.began, a.maxDC, drained.Round(time.Millisecond))
+	if p.Dedup {
+		a.judgeDedup()
+	}
+	if p.Delayed > 0 {
+		a.judgeDelayed(want)
+	}
+}
+
+// judgeDelayed checks that the workers, killed while they moved delayed
+// messages into the stream, moved each exactly once: every published UUID is
+// in the stream once, and none is left waiting.
+func (a *crashAudit) judgeDelayed(want []string) {
+	t := a.t
+	ctx := context.Background()
+	entries, err := a.admin.XRange(ctx, a.topic, "-", "+").Result()
+	require.NoError(t, err)
+	inStream := map[string]int{}
+	for _, e := range entries {
+		id, _ := e.Values[valkeystream.FieldUUID].(string)
+		inStream[id]++
+	}
+	twice := 0
+	for _, id := range want {
+		if inStream[id] != 1 {
+			twice++
+		}
+	}
+	delayedKey, err := valkeystream.DelayedKey(a.topic)
+	require.NoError(t, err)
+	waiting, err := a.admin.ZCard(ctx, delayedKey).Result()
+	require.NoError(t, err)
+	t.Logf("delayed messages: %d entries in the stream for %d messages, %d still waiting", len(entries), len(want), waiting)
+	if twice > 0 || waiting > 0 || len(entries) != len(want) {
+		t.Errorf("%d messages are not in the stream exactly once, %d still wait in %s", twice, waiting, delayedKey)
+	}
+}
+
+// judgeDedup checks the audit of deduplicating workers: a message may be
+// handled to completion more than once only when a kill landed between a
+// completed handling and its done mark, so that every extra handling of a
+// message is matched by a killed worker whose last handling was that
+// message, unmarked.
+func (a *crashAudit) judgeDedup() {
+	t := a.t
+	unmarked := map[string]int{} // uuid -> killed workers that handled it last, without the mark
+	windows := 0
+	for _, w := range a.all {
+		if w.killed && w.lastHandled != "" && !w.lastHandledMarked {
+			unmarked[w.lastHandled]++
+			windows++
+		}
+	}
+	duplicated, explained, markedTwice := 0, 0, 0
+	var unexplained []string
+	for id, n := range a.handled {
+		if a.marked[id] > 1 {
+			markedTwice++
+		}
+		if n < 2 {
+			continue
+		}
+		duplicated++
+		if unmarked[id] >= n-1 {
+			explained++
+		} else {
+			unexplained = append(unexplained, fmt.Sprintf("%s (handled %d times, %d marks, %d unmarked at a kill)", id, n, a.marked[id], unmarked[id]))
+		}
+	}
+	t.Logf("deduplication: %d messages handled to completion more than once; %d of them explained by a kill between the handling and its done mark (%d kills landed after a handling and before its mark was in the ledger, mark written or not), %d marked done twice",
+		duplicated, explained, windows, markedTwice)
+	sort.Strings(unexplained)
+	if len(unexplained) > 0 {
+		t.Errorf("%d messages handled more than once without a kill between a handling and its mark: %s",
+			len(unexplained), strings.Join(unexplained[:min(len(unexplained), 10)], "; "))
+	}
 }
 
 type crashPublishResult struct {
@@ -327,6 +434,9 @@ func (a *crashAudit) publish(count *atomic.Int64, seed uint64) crashPublishResul
 				payload[j] = letters[rng.IntN(len(letters))]
 			}
 			msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
+			if rng.Float64() < a.p.Delayed {
+				delay.Message(msgs[i], delay.For(time.Duration(rng.Int64N(int64(time.Second)))))
+			}
 		}
 		for attempt := 1; ; attempt++ {
 			err := pub.Publish(a.topic, msgs...)
@@ -385,6 +495,9 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 		"-ack-flush", ackFlush.String(),
 		"-lease-ttl", crashLeaseTTL.String(),
 	}
+	if a.p.Dedup {
+		args = append(args, "-dedup", "-running-ttl", crashDedupRunningTTL.String())
+	}
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
@@ -415,6 +528,7 @@ func (a *crashAudit) kill(w *crashWorker) {
 	t.Helper()
 	require.NoError(t, w.cmd.Process.Kill())
 	<-w.done
+	w.killed = true
 	_ = w.stdin.Close()
 	a.readLedger(w)
 
@@ -493,6 +607,12 @@ func (a *crashAudit) readLedger(w *crashWorker) {
 			a.handled[r.UUID]++
 			w.ended[r.EntryID] = true
 			a.maxDC = max(a.maxDC, r.Count)
+			w.lastHandled, w.lastHandledMarked = r.UUID, false
+		case audit.Marked:
+			a.marked[r.UUID]++
+			if r.UUID == w.lastHandled {
+				w.lastHandledMarked = true
+			}
 		}
 	}
 }

@@ -44,8 +44,19 @@
 // that cannot be decoded is written to the stream key plus
 // [SubscriberConfig.DeadLetterSuffix] the same way.
 //
+// # Duplicates
+//
+// The [Deduplicator] middleware runs a handler at most once per message UUID
+// within a window, keeping the marks in the server, and marks a message done
+// only after its handler succeeded, so that a failure is still retried.
+// [ExpiringKeyRepository] keeps the keys of Watermill's own Deduplicator in
+// the server.
+//
 // # Publishing
 //
 // A [Publisher] sends all messages of one Publish call in one round trip, and
-// concurrent calls for the same stream share round trips.
+// concurrent calls for the same stream share round trips. A message with
+// Watermill's delay metadata (components/delay) that is due later waits in a
+// sorted set beside the stream ([DelayedKey]) until the running
+// subscriptions of its topic move it into the stream.
 package valkeystream

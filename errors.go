@@ -33,6 +33,13 @@ var (
 	// on a delivery at or past the limit. Match it in the filter of
 	// Watermill's middleware.PoisonQueueWithFilter.
 	ErrDeliveryLimit = errors.New("valkeystream: delivery limit reached")
+
+	// ErrDuplicateInProgress is returned by the [Deduplicator] middleware,
+	// which makes the router Nack the message, when another handling of the
+	// same message is in progress and did not end within BusyWait. The
+	// message comes back later: then it is skipped if that handling
+	// succeeded, and handled if it failed.
+	ErrDuplicateInProgress = errors.New("valkeystream: the message is being handled elsewhere; it will come back")
 )
 
 // GroupCreateError is returned by Subscribe and SubscribeInitialize when the

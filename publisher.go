@@ -54,6 +54,10 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // round trip of its own ends with its context, one shared with other calls
 // at the latest of their deadlines or else by the client's timeouts.
 //
+// A message whose Watermill delay metadata (components/delay) says it is due
+// later is held back until then; a call that carries one is written in one
+// atomic step, all or nothing (see docs/delay.md).
+//
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
 // which consumers drop by UUID.
@@ -69,6 +73,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	}
 	if len(msgs) == 0 {
 		return nil
+	}
+	if plan := planDelays(msgs, time.Now()); plan.any() {
+		return p.publishDelayed(topic, msgs, plan) // see delay.go
 	}
 	key := p.config.KeyPrefix + topic
 	req := newWriteRequest(len(msgs))

@@ -180,6 +180,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 	s.logger.Debug("Subscribed", logFields)
 	health.setReady()
+	s.startDelayedMover(runCtx, key, logFields) // see delay.go
 	go func() {
 		defer s.wg.Done()
 		defer health.end()

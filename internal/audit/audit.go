@@ -14,6 +14,7 @@
 //
 //	B <uuid> <entry id> <delivery count>   the handler began with the message
 //	H <uuid> <entry id> <delivery count>   the handler finished; the Ack follows
+//	M <uuid> <entry id> <delivery count>   marked done (deduplicating workers)
 package audit
 
 import (
@@ -31,6 +32,10 @@ const (
 	Began = 'B'
 	// Handled: the handler finished with the message; it is Acked next.
 	Handled = 'H'
+	// Marked: a deduplicating handler recorded the message as done in the
+	// server after it was handled (written only by workers that
+	// deduplicate).
+	Marked = 'M'
 )
 
 // Writer appends lines to one ledger file. It is not safe for concurrent use.
@@ -84,12 +89,18 @@ func (w *Writer) line(kind byte, uuid, entryID string, count int) error {
 	return nil
 }
 
+// Marked records that the message was marked done in the server after it
+// was handled. Call it after the mark, before the Ack.
+func (w *Writer) Marked(uuid, entryID string, count int) error {
+	return w.line(Marked, uuid, entryID, count)
+}
+
 // Close closes the file.
 func (w *Writer) Close() error { return w.f.Close() }
 
 // Record is one complete ledger line.
 type Record struct {
-	Kind    byte // Began or Handled
+	Kind    byte // Began, Handled or Marked
 	UUID    string
 	EntryID string
 	Count   int // the delivery count the message carried
@@ -159,7 +170,7 @@ func (r *Reader) Torn() []byte { return r.partial }
 
 func parse(line []byte) (Record, error) {
 	f := strings.Fields(string(line))
-	if len(f) != 4 || len(f[0]) != 1 || (f[0][0] != Began && f[0][0] != Handled) {
+	if len(f) != 4 || len(f[0]) != 1 || !strings.ContainsRune("BHM", rune(f[0][0])) {
 		return Record{}, fmt.Errorf("malformed line %q", line)
 	}
 	n, err := strconv.Atoi(f[3])

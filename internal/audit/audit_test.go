@@ -78,3 +78,22 @@ func TestMalformedCompleteLineIsAnError(t *testing.T) {
 		t.Fatalf("the good line before it is returned: %+v", recs)
 	}
 }
+
+func TestMarkedLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger")
+	w, err := Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Marked("u1", "1-0", 2); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	recs, err := NewReader(path).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Record{Marked, "u1", "1-0", 2}); len(recs) != 1 || recs[0] != want {
+		t.Fatalf("got %+v, want [%+v]", recs, want)
+	}
+}

@@ -4,6 +4,11 @@
 // when the handler begins and another when it has finished, before the Ack.
 // The test kills it with SIGKILL at random moments and reads the ledgers back.
 //
+// With -dedup the handler runs inside valkeystream's Deduplicator, and a
+// third line records that the message was marked done, after the mark and
+// before the Ack. A delivery the Deduplicator turns away (another handling
+// is in progress) is Nacked.
+//
 // It stops gracefully (Close sends the Acks not sent yet, exit status 0) when
 // its standard input reaches end of file: the test closes the pipe, or the
 // test process died, so a worker never outlives its test.
@@ -18,6 +23,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -32,6 +38,10 @@ import (
 	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/audit"
 )
+
+// errStalled is what a stalled handler (-stall) returns once the process is
+// told to stop: its message is left unsettled.
+var errStalled = errors.New("stalled")
 
 func main() {
 	var (
@@ -50,6 +60,8 @@ func main() {
 		ackFlush      = flag.Duration("ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
 		leaseTTL      = flag.Duration("lease-ttl", 0, "SubscriberConfig.ConsumerLeaseTTL (0: default)")
 		stall         = flag.Bool("stall", false, "never finish a message: the handler waits until the process ends")
+		dedup         = flag.Bool("dedup", false, "run the handler inside the Deduplicator")
+		runningTTL    = flag.Duration("running-ttl", time.Second, "DedupConfig.RunningTTL (with -dedup)")
 		verbose       = flag.Bool("v", false, "log at debug level")
 	)
 	flag.Parse()
@@ -64,6 +76,7 @@ func main() {
 		os.Exit(2)
 	}
 	client := redis.NewClient(&redis.Options{Addr: *addr})
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client:           client,
 		ConsumerGroup:    *group,
@@ -75,10 +88,20 @@ func main() {
 		ClaimMinIdle:     *claimMinIdle,
 		AckFlushInterval: *ackFlush,
 		ConsumerLeaseTTL: *leaseTTL,
-	}, watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false))
+	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)
 		os.Exit(2)
+	}
+	var dedupe *valkeystream.Deduplicator
+	if *dedup {
+		dedupe, err = valkeystream.NewDeduplicator(valkeystream.DedupConfig{
+			Client: client, RunningTTL: *runningTTL, Logger: logger,
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker:", err)
+			os.Exit(2)
+		}
 	}
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -111,7 +134,7 @@ func main() {
 
 	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
 	handled := 0
-	for m := range msgs {
+	handle := func(m *message.Message) ([]*message.Message, error) {
 		id := m.Metadata.Get(valkeystream.MetadataEntryID)
 		count := valkeystream.DeliveryCount(m)
 		if err := ledger.Begin(m.UUID, id, count); err != nil {
@@ -120,7 +143,7 @@ func main() {
 		}
 		if *stall {
 			<-ctx.Done()
-			continue
+			return nil, errStalled
 		}
 		if *delayMax > 0 && rng.Float64() < *delayProb {
 			time.Sleep(time.Duration(rng.Int64N(int64(*delayMax)) + 1))
@@ -129,8 +152,31 @@ func main() {
 			fmt.Fprintln(os.Stderr, "crashworker:", err)
 			os.Exit(1)
 		}
-		m.Ack()
 		handled++
+		return nil, nil
+	}
+	if dedupe != nil {
+		handle = dedupe.Middleware(handle)
+	}
+	for m := range msgs {
+		var marked int64
+		if dedupe != nil {
+			marked = dedupe.Stats().Marked
+		}
+		if _, err := handle(m); err != nil {
+			if !errors.Is(err, errStalled) { // a stalled message is never settled
+				m.Nack()
+			}
+			continue
+		}
+		if dedupe != nil && dedupe.Stats().Marked > marked {
+			id := m.Metadata.Get(valkeystream.MetadataEntryID)
+			if err := ledger.Marked(m.UUID, id, valkeystream.DeliveryCount(m)); err != nil {
+				fmt.Fprintln(os.Stderr, "crashworker:", err)
+				os.Exit(1)
+			}
+		}
+		m.Ack()
 	}
 
 	status := 0
@@ -144,5 +190,8 @@ func main() {
 	_ = client.Close()
 	_ = ledger.Close()
 	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages; stats %+v\n", *consumer, handled, sub.Stats())
+	if dedupe != nil {
+		fmt.Fprintf(os.Stderr, "crashworker: %s deduplication stats %+v\n", *consumer, dedupe.Stats())
+	}
 	os.Exit(status)
 }

@@ -1,0 +1,352 @@
+package valkeystream
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// Delayed messages. A message published with Watermill's delay metadata
+// (delay.Message, delay.NewPublisher, middleware.DelayOnError) due in the
+// future is not appended to its stream: the Publisher stores it in a sorted
+// set beside the stream, scored by its due time in milliseconds by the
+// server's clock. Every running subscription of the topic moves the entries
+// that are due into the stream, on a beat of DelayedPollInterval, with a
+// server-side script that appends and removes each entry in one atomic step,
+// so a crash never loses or duplicates a delayed message. See docs/delay.md.
+
+// DefaultDelayedPollInterval is how often a subscription moves the delayed
+// messages of its topic that are due into the stream.
+const DefaultDelayedPollInterval = 100 * time.Millisecond
+
+// delayedMoveBatch is the most delayed messages one move appends.
+const delayedMoveBatch = 100
+
+// delayedSuffix ends the key of a topic's sorted set of delayed messages.
+const delayedSuffix = ":delayed"
+
+// DelayedKey returns the key of the sorted set that holds the delayed
+// messages of the stream key streamKey (KeyPrefix plus topic). It lies in the
+// same cluster slot as the stream: when streamKey has a hash tag ("{...}"),
+// it is streamKey plus ":delayed"; otherwise streamKey is made the tag:
+// "{" + streamKey + "}:delayed". A stream key that has no hash tag but
+// contains '}' cannot share its slot with another key, so delayed messages
+// are refused for it.
+func DelayedKey(streamKey string) (string, error) {
+	if hasHashTag(streamKey) {
+		return streamKey + delayedSuffix, nil
+	}
+	if strings.Contains(streamKey, "}") {
+		return "", fmt.Errorf("valkeystream: stream key %q contains '}' without a hash tag, so no other key can share its cluster slot: delayed messages need a topic without '}' or with a hash tag such as {orders}", streamKey)
+	}
+	return "{" + streamKey + "}" + delayedSuffix, nil
+}
+
+// hasHashTag reports whether a cluster hashes only part of key: a '{'
+// followed, later, by a '}' with at least one byte between them.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	return strings.IndexByte(key[open+1:], '}') > 0
+}
+
+// delayOf returns how long msg must wait before it is due, according to its
+// delay metadata at now: 0 for a message without delay metadata or one
+// already due.
+//
+// Watermill writes both keys: DelayedForKey holds the exact duration,
+// measured when the delay was made (delay.For, delay.Until), and
+// DelayedUntilKey the due time truncated to whole seconds. The wait is
+// DelayedForKey, counted from now (the publish call, never earlier than
+// when the delay was made, so never early), but at most until the end of
+// the whole second in DelayedUntilKey. So a message republished with its
+// metadata after it was delivered (by a requeuer, or by a handler) waits at
+// most the rest of the second it was due in, not its whole delay again. A
+// message with only DelayedUntilKey is due at that instant exactly.
+func delayOf(msg *message.Message, now time.Time) (time.Duration, error) {
+	forText := msg.Metadata.Get(delay.DelayedForKey)
+	untilText := msg.Metadata.Get(delay.DelayedUntilKey)
+	if forText == "" && untilText == "" {
+		return 0, nil
+	}
+	wait := time.Duration(math.MaxInt64)
+	if forText != "" {
+		d, err := time.ParseDuration(forText)
+		if err != nil {
+			return 0, fmt.Errorf("%w: message %s has %s %q, which is not a duration: %w", ErrInvalidMessage, msg.UUID, delay.DelayedForKey, forText, err)
+		}
+		wait = d
+	}
+	if untilText != "" {
+		until, err := time.Parse(time.RFC3339Nano, untilText)
+		if err != nil {
+			return 0, fmt.Errorf("%w: message %s has %s %q, which is not an RFC 3339 time: %w", ErrInvalidMessage, msg.UUID, delay.DelayedUntilKey, untilText, err)
+		}
+		if forText != "" && until.Nanosecond() == 0 {
+			until = until.Add(time.Second) // the due time lies within that second
+		}
+		wait = min(wait, until.Sub(now))
+	}
+	return max(wait, 0), nil
+}
+
+// delayPlan is what the delay metadata of the messages of one Publish call
+// asks for.
+type delayPlan struct {
+	waits   []time.Duration // by message; nil when no message waits
+	err     error           // a message's delay metadata cannot be read
+	delayed int             // how many messages wait
+}
+
+// planDelays reads the delay metadata of msgs at now.
+func planDelays(msgs []*message.Message, now time.Time) delayPlan {
+	var p delayPlan
+	for i, m := range msgs {
+		wait, err := delayOf(m, now)
+		if err != nil {
+			return delayPlan{err: err}
+		}
+		if wait == 0 {
+			continue
+		}
+		if p.waits == nil {
+			p.waits = make([]time.Duration, len(msgs))
+		}
+		p.waits[i] = wait
+		p.delayed++
+	}
+	return p
+}
+
+// any reports whether the call needs the delayed path: a message waits, or a
+// delay cannot be read.
+func (p delayPlan) any() bool { return p.delayed > 0 || p.err != nil }
+
+// publishDelayed writes msgs, of which at least one waits, in one atomic
+// script call: messages due now are appended to the stream (with the
+// topic's retention), the others are added to the topic's sorted set of
+// delayed messages. Either all are written or none.
+func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan delayPlan) error {
+	fail := func(err error) error {
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	}
+	if plan.err != nil {
+		return fail(plan.err)
+	}
+	key := p.config.KeyPrefix + topic
+	delayedKey, err := DelayedKey(key)
+	if err != nil {
+		return fail(err)
+	}
+	trimBy, trimTo := "", ""
+	if r, ok := p.config.Retention[topic]; ok {
+		switch {
+		case r.MaxLen > 0:
+			trimBy, trimTo = "MAXLEN", strconv.FormatInt(r.MaxLen, 10)
+		case r.MaxAge > 0:
+			if oldest := time.Now().Add(-r.MaxAge).UnixMilli(); oldest > 0 {
+				trimBy, trimTo = "MINID", strconv.FormatInt(oldest, 10)
+			}
+		}
+	}
+	args := make([]any, 0, 2+2*len(msgs))
+	args = append(args, trimBy, trimTo)
+	for i, m := range msgs {
+		fields, err := p.config.Marshaler.Marshal(topic, m)
+		if err != nil {
+			return fail(fmt.Errorf("encoding message %s: %w", m.UUID, err))
+		}
+		member, err := encodeDelayedEntry(fields)
+		if err != nil {
+			return fail(fmt.Errorf("encoding message %s: %w", m.UUID, err))
+		}
+		args = append(args, ceilMillis(plan.waits[i]), member)
+	}
+	ctx, cancel := publishContext(msgs)
+	defer cancel()
+	if err := delayAddScript.Run(ctx, p.config.Client, []string{delayedKey, key}, args...).Err(); err != nil {
+		return fail(fmt.Errorf("storing %d delayed messages in %q (and %d due now in %q): %w",
+			plan.delayed, delayedKey, len(msgs)-plan.delayed, key, err))
+	}
+	return nil
+}
+
+// ceilMillis returns d in whole milliseconds, rounded up, so that a message
+// is never due before its time.
+func ceilMillis(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d > time.Duration(ms)*time.Millisecond {
+		ms++
+	}
+	return ms
+}
+
+// encodeDelayedEntry encodes the fields of a stream entry, as a Marshaler
+// returns them, into one string that the scripts decode: each field and
+// value as its length in decimal, ':', and its bytes. The same message
+// always gives the same string, so publishing it twice stores it once.
+func encodeDelayedEntry(fields []any) (string, error) {
+	var b strings.Builder
+	for _, f := range fields {
+		var s string
+		switch v := f.(type) {
+		case string:
+			s = v
+		case []byte:
+			s = string(v)
+		case int:
+			s = strconv.Itoa(v)
+		case int64:
+			s = strconv.FormatInt(v, 10)
+		case float64:
+			s = strconv.FormatFloat(v, 'f', -1, 64)
+		case bool:
+			s = map[bool]string{false: "0", true: "1"}[v]
+		default:
+			return "", fmt.Errorf("%w: entry field of type %T: a Marshaler for delayed messages may return strings, byte slices, integers, floats and booleans", ErrInvalidMessage, f)
+		}
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(s)
+	}
+	return b.String(), nil
+}
+
+// decodeEntryLua is the Lua function that reverses encodeDelayedEntry.
+const decodeEntryLua = `
+local function fields(m)
+  local f, p = {}, 1
+  while p <= #m do
+    local c = string.find(m, ':', p, true)
+    local n = tonumber(string.sub(m, p, c - 1))
+    f[#f + 1] = string.sub(m, c + 1, c + n)
+    p = c + n + 1
+  end
+  return f
+end
+`
+
+// delayAddScript writes the messages of one Publish call. For each pair of
+// ARGV[3...] (wait in milliseconds, encoded entry): a wait of 0 appends the
+// entry to the stream, trimmed as ARGV[1] ("MAXLEN", "MINID" or "") and
+// ARGV[2] say; a positive wait adds the entry to the sorted set, scored by
+// the server's time in milliseconds (rounded up) plus the wait. An entry
+// already waiting keeps its due time. It returns how many messages were
+// written.
+//
+// KEYS[1] sorted set of delayed entries, KEYS[2] stream.
+var delayAddScript = redis.NewScript(decodeEntryLua + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+for i = 3, #ARGV, 2 do
+  local wait = tonumber(ARGV[i])
+  if wait > 0 then
+    redis.call('ZADD', KEYS[1], 'NX', now + wait, ARGV[i + 1])
+  elseif ARGV[1] ~= '' then
+    redis.call('XADD', KEYS[2], ARGV[1], '~', ARGV[2], '*', unpack(fields(ARGV[i + 1])))
+  else
+    redis.call('XADD', KEYS[2], '*', unpack(fields(ARGV[i + 1])))
+  end
+end
+return (#ARGV - 2) / 2
+`)
+
+// delayMoveScript appends to the stream up to ARGV[1] delayed entries whose
+// due time has come by the server's clock, earliest first, removing each
+// from the sorted set in the same atomic step. It returns how many it moved.
+//
+// KEYS[1] sorted set of delayed entries, KEYS[2] stream.
+var delayMoveScript = redis.NewScript(decodeEntryLua + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, m in ipairs(due) do
+  redis.call('XADD', KEYS[2], '*', unpack(fields(m)))
+  redis.call('ZREM', KEYS[1], m)
+end
+return #due
+`)
+
+// startDelayedMover starts, for a subscription of stream key whose context
+// is ctx, the goroutine that moves the topic's due delayed messages into the
+// stream every DelayedPollInterval, unless that is off or the key cannot
+// have delayed messages. Close waits for it.
+func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logFields watermill.LogFields) {
+	every := s.config.DelayedPollInterval
+	delayedKey, err := DelayedKey(key)
+	if every < 0 || err != nil {
+		return
+	}
+	s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
+	go func() {
+		defer s.wg.Done()
+		m := delayedMover{client: s.config.Client, keys: []string{delayedKey, key}, logger: s.logger.With(logFields), faults: &s.stats.faults}
+		m.run(ctx, every)
+	}()
+}
+
+// delayedMover moves the due delayed messages of one topic into its stream.
+type delayedMover struct {
+	client redis.UniversalClient
+	keys   []string // sorted set, stream
+	logger watermill.LoggerAdapter
+	faults *atomic.Int64 // the Subscriber's fault counter
+}
+
+// run moves due messages every beat until ctx ends. A failed move is logged
+// (once per streak of failures) and counted, and the next one waits a
+// backoff.
+func (m *delayedMover) run(ctx context.Context, every time.Duration) {
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		next := every
+		moved, err := m.move(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			failures++
+			m.faults.Add(1)
+			if failures == 1 {
+				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff", err,
+					watermill.LogFields{"delayed_key": m.keys[0]})
+			}
+			next = max(every, backoff(failures))
+		default:
+			if failures > 0 {
+				m.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": m.keys[0], "failures": failures})
+			}
+			failures = 0
+			if moved == delayedMoveBatch {
+				next = 0 // more may be due
+			}
+		}
+		timer.Reset(next)
+	}
+}
+
+func (m *delayedMover) move(ctx context.Context) (int, error) {
+	n, err := delayMoveScript.Run(ctx, m.client, m.keys, delayedMoveBatch).Int()
+	if err == nil && n > 0 {
+		m.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": n})
+	}
+	return n, err
+}

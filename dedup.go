@@ -86,9 +86,6 @@ type DedupConfig struct {
 	// ErrDuplicateInProgress and is Nacked. A negative value Nacks at once.
 	// Default: DefaultDedupBusyWait.
 	BusyWait time.Duration
-
-	// Logger logs failures to update a mark, at Error level. Default: none.
-	Logger watermill.LoggerAdapter
 }
 
 func (c *DedupConfig) setDefaults() {
@@ -103,9 +100,6 @@ func (c *DedupConfig) setDefaults() {
 	}
 	if c.BusyWait == 0 {
 		c.BusyWait = DefaultDedupBusyWait
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
 	}
 }
 
@@ -157,6 +151,7 @@ type DedupStats struct {
 // [Deduplicator.Middleware].
 type Deduplicator struct {
 	config DedupConfig
+	logger watermill.LoggerAdapter
 	prefix string       // dedupRunning and a random name of this Deduplicator
 	next   atomic.Int64 // numbers its handlings
 	stats  struct {
@@ -165,13 +160,17 @@ type Deduplicator struct {
 }
 
 // NewDeduplicator returns a [Deduplicator], or an error wrapping
-// ErrInvalidConfig that names the bad field.
-func NewDeduplicator(config DedupConfig) (*Deduplicator, error) {
+// ErrInvalidConfig that names the bad field. logger logs failures to update
+// a mark, at Error level; a nil logger logs nothing.
+func NewDeduplicator(config DedupConfig, logger watermill.LoggerAdapter) (*Deduplicator, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Deduplicator{config: config, prefix: dedupRunning + watermill.NewShortUUID() + ":"}, nil
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Deduplicator{config: config, logger: logger, prefix: dedupRunning + watermill.NewShortUUID() + ":"}, nil
 }
 
 // token returns an in-progress mark unique to one handling.
@@ -256,7 +255,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			switch {
 			case err != nil:
 				d.stats.faults.Add(1)
-				d.config.Logger.Error("Could not remove the in-progress mark of a failed message; its redelivery waits for the mark to expire", err,
+				d.logger.Error("Could not remove the in-progress mark of a failed message; its redelivery waits for the mark to expire", err,
 					watermill.LogFields{"message_uuid": msg.UUID, "key": key, "running_ttl": d.config.RunningTTL})
 			case released == 1:
 				d.stats.released.Add(1)
@@ -266,7 +265,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		ours, err := markDoneScript.Run(mctx, d.config.Client, []string{key}, token, d.config.Window.Milliseconds()).Int()
 		if err != nil {
 			d.stats.faults.Add(1)
-			d.config.Logger.Error("Could not mark a handled message done; a duplicate of it would be handled again", err,
+			d.logger.Error("Could not mark a handled message done; a duplicate of it would be handled again", err,
 				watermill.LogFields{"message_uuid": msg.UUID, "key": key})
 			return produced, nil
 		}
@@ -345,7 +344,7 @@ func (d *Deduplicator) renew(key, token string) (stop func()) {
 		defer cancel()
 		if err := renewMarkScript.Run(ctx, d.config.Client, []string{key}, token, ttl).Err(); err != nil {
 			d.stats.faults.Add(1)
-			d.config.Logger.Error("Could not renew an in-progress mark; a duplicate delivery may run if it expires", err,
+			d.logger.Error("Could not renew an in-progress mark; a duplicate delivery may run if it expires", err,
 				watermill.LogFields{"key": key})
 		}
 		mu.Lock()

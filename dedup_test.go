@@ -23,11 +23,11 @@ var _ middleware.ExpiringKeyRepository = (*valkeystream.ExpiringKeyRepository)(n
 
 func (e *env) deduplicator(edit ...func(*valkeystream.DedupConfig)) *valkeystream.Deduplicator {
 	e.t.Helper()
-	cfg := valkeystream.DedupConfig{Client: e.client, Logger: testLogger()}
+	cfg := valkeystream.DedupConfig{Client: e.client}
 	for _, f := range edit {
 		f(&cfg)
 	}
-	d, err := valkeystream.NewDeduplicator(cfg)
+	d, err := valkeystream.NewDeduplicator(cfg, testLogger())
 	require.NoError(e.t, err)
 	return d
 }
@@ -60,14 +60,14 @@ func TestDedupConfigValidate(t *testing.T) {
 		{"running ttl", valkeystream.DedupConfig{Client: client, RunningTTL: time.Millisecond}, "DedupConfig.RunningTTL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := valkeystream.NewDeduplicator(tc.cfg)
+			_, err := valkeystream.NewDeduplicator(tc.cfg, nil)
 			if !errors.Is(err, valkeystream.ErrInvalidConfig) {
 				t.Fatalf("got %v, want an error wrapping ErrInvalidConfig", err)
 			}
 			assert.Contains(t, err.Error(), tc.field)
 		})
 	}
-	_, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client})
+	_, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client}, nil)
 	assert.NoError(t, err, "defaults are valid")
 
 	_, err = valkeystream.NewExpiringKeyRepository(valkeystream.ExpiringKeyRepositoryConfig{})
@@ -326,7 +326,7 @@ func BenchmarkConsumeRouterDedup(b *testing.B) {
 				return nil
 			})
 			if withDedup {
-				d, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client})
+				d, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client}, nil)
 				require.NoError(b, err)
 				h.AddMiddleware(d.Middleware)
 			}

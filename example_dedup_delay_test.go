@@ -19,7 +19,7 @@ import (
 func ExampleDeduplicator() {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer client.Close()
-	dedup, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client})
+	dedup, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

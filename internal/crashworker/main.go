@@ -96,8 +96,8 @@ func main() {
 	var dedupe *valkeystream.Deduplicator
 	if *dedup {
 		dedupe, err = valkeystream.NewDeduplicator(valkeystream.DedupConfig{
-			Client: client, RunningTTL: *runningTTL, Logger: logger,
-		})
+			Client: client, RunningTTL: *runningTTL,
+		}, logger)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "crashworker:", err)
 			os.Exit(2)

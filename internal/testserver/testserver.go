@@ -78,6 +78,7 @@ type Server struct {
 	// Private process.
 	bin    string
 	dir    string
+	pc     procConfig
 	port   int // fixed once Start returns
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -128,7 +129,7 @@ func Start(t testing.TB) *Server {
 		return nil
 	}
 	if bin != "" {
-		s, err := startProcess(bin, t.Logf)
+		s, err := startProcess(bin, t.Logf, procConfig{})
 		if err != nil {
 			t.Fatalf("testserver: %v", err)
 			return nil

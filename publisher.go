@@ -21,6 +21,7 @@ type Publisher struct {
 	logger watermill.LoggerAdapter
 
 	combiners combiners
+	failover  failover
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -109,6 +110,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	if first != nil {
+		p.failover.failed(p.config.Client, first)
 		return &PublishError{Topic: topic, NotSent: failed, Total: len(msgs), Err: first}
 	}
 	// No per-call log line: a Watermill logger cannot say whether it would

@@ -34,6 +34,8 @@ type Subscriber struct {
 	closeErr  error
 
 	stats counters
+
+	failover failover // helps the client through a failover; see failover.go
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig

@@ -99,7 +99,9 @@ func failoverSymptom(err error) bool {
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
-	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "LOADING"} {
+	// MOVED and ASK reach here only from a pipeline sent to one node
+	// (WaitReplicas on a cluster): the slot map is stale.
+	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "LOADING", "MOVED", "ASK"} {
 		if redis.HasErrorPrefix(err, prefix) {
 			return true
 		}

@@ -38,7 +38,10 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 		logger = watermill.NopLogger{}
 	}
 	config.Retention = maps.Clone(config.Retention)
-	return &Publisher{config: config, logger: logger, combiners: combiners{client: config.Client}}, nil
+	return &Publisher{config: config, logger: logger, combiners: combiners{
+		client: config.Client,
+		wait:   replicaWait{replicas: config.WaitReplicas, timeout: config.WaitTimeout},
+	}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.

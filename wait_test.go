@@ -137,7 +137,7 @@ func TestWaitReplicasSentinel(t *testing.T) {
 		if os.Getenv("VALKEYSTREAM_HA_CONTROL") == "" {
 			t.Skip("set VALKEYSTREAM_HA_CONTROL=1 to measure what a planned failover loses without WaitReplicas")
 		}
-		g.WaitReplicaInSync(context.Background(), addrs[0])
+		require.NoError(t, g.WaitReplicaInSync(context.Background(), addrs[0]))
 		_, run := plannedFailover(t, g, "wait-failover-control", 0)
 		t.Logf("planned failover without WaitReplicas: %s", run)
 	})

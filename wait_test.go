@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -242,6 +243,7 @@ func plannedFailover(t *testing.T, g *testserver.Sentinel, topic string, waitRep
 		}
 	}
 	waitPublished(300)
+	asked := time.Now()
 	old, err := g.Failover(ctx)
 	require.NoError(t, err)
 	var newMaster string
@@ -251,10 +253,15 @@ func plannedFailover(t *testing.T, g *testserver.Sentinel, topic string, waitRep
 		}
 	}
 	require.NoError(t, g.WaitMaster(ctx, newMaster))
+	named := time.Now()
 	mu.Lock()
-	before := len(published)
+	before, failedBefore := len(published), failed
 	mu.Unlock()
 	waitPublished(before + 200)
+	mu.Lock()
+	failedAfter := failed - failedBefore
+	mu.Unlock()
+	resumed := time.Now()
 	close(stop)
 	wg.Wait()
 
@@ -264,7 +271,62 @@ func plannedFailover(t *testing.T, g *testserver.Sentinel, topic string, waitRep
 			lost = append(lost, id)
 		}
 	}
-	summary = fmt.Sprintf("%d published, %d failed (%d not replicated), %d missing from the new master %s",
-		len(published), failed, notRepl, len(lost), newMaster)
+	summary = fmt.Sprintf("%d published, %d failed (%d not replicated; %d after every sentinel named the new master), %d missing from the new master %s; "+
+		"the sentinels named it %s after the request, 200 more messages took %s",
+		len(published), failed, notRepl, failedAfter, len(lost), newMaster,
+		named.Sub(asked).Round(time.Millisecond), resumed.Sub(named).Round(time.Millisecond))
 	return lost, summary
+}
+
+// waitHook records the commands of each pipeline that carries XADDs.
+type waitHook struct {
+	mu        sync.Mutex
+	pipelines []string
+}
+
+func (h *waitHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := ""
+		for _, c := range cmds {
+			names += c.Name() + " "
+		}
+		if strings.HasPrefix(names, "xadd") { // not a connection handshake
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, names)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestWaitReplicasWithoutReplicas: a server without replicas acknowledges
+// nothing, so every Publish with WaitReplicas fails with ErrNotReplicated
+// after WaitTimeout, names its messages, and leaves them written; WAIT
+// follows the XADDs in the same round trip, one-message calls included.
+func TestWaitReplicasWithoutReplicas(t *testing.T) {
+	e := newEnv(t)
+	hook := &waitHook{}
+	e.client.AddHook(hook)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
+		Client: e.client, WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond,
+	}, nil)
+	require.NoError(t, err)
+
+	one := newMessages(1)
+	requireNotReplicated(t, pub.Publish(e.topic, one...), one)
+	two := newMessages(2)
+	requireNotReplicated(t, pub.Publish(e.topic, two...), two)
+	require.Equal(t, []string{"xadd wait ", "xadd xadd wait "}, hook.pipelines)
+
+	n, err := e.client.XLen(context.Background(), e.topic).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n, "entries written although not replicated")
+
+	// WaitReplicas 0 sends no WAIT.
+	plain, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
+	require.NoError(t, err)
+	require.NoError(t, plain.Publish(e.topic, newMessages(2)...))
+	require.Equal(t, "xadd xadd ", hook.pipelines[2])
 }

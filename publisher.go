@@ -59,6 +59,12 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
 // which consumers drop by UUID.
+//
+// With PublisherConfig.WaitReplicas, Publish also waits until that many
+// replicas have the messages; an error wrapping [ErrNotReplicated] means
+// they were written on the master but not confirmed by enough replicas.
+// After a connection error on a cluster client, Publish makes the client
+// reload its slot map, so that calls find a newly promoted master promptly.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("valkeystream: publish: topic is empty")

@@ -21,6 +21,12 @@ const (
 	clusterReadyTimeout = 60 * time.Second
 )
 
+// replicationArgs make a master start a full sync at once, instead of
+// waiting (5 s by default) for more replicas to share a diskless transfer,
+// and ping its replicas every second instead of every 10: a new replica
+// whose replication offset is still 0 is left out of CLUSTER SLOTS.
+var replicationArgs = []string{"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}
+
 // Cluster is a Redis Cluster of private server processes: three masters
 // that share the 16384 slots and one replica for each. Its methods are safe
 // for concurrent use.
@@ -63,6 +69,7 @@ func StartCluster(t testing.TB) *Cluster {
 		// A replica that lost its master for a while may still take over.
 		"--cluster-replica-validity-factor", "0",
 	}
+	extra = append(extra, replicationArgs...)
 	for range 6 {
 		s, err := startProcess(bin, t.Logf, procConfig{extra: extra})
 		if err != nil {

@@ -44,12 +44,12 @@ func StartSentinel(t testing.TB) *Sentinel {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
 
-	master, err := startProcess(bin, t.Logf, procConfig{})
+	master, err := startProcess(bin, t.Logf, procConfig{extra: replicationArgs})
 	if err != nil {
 		t.Fatalf("testserver: sentinel master: %v", err)
 	}
 	g.data = append(g.data, master)
-	replica, err := startProcess(bin, t.Logf, procConfig{extra: []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.port)}})
+	replica, err := startProcess(bin, t.Logf, procConfig{extra: append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.port)}, replicationArgs...)})
 	if err != nil {
 		t.Fatalf("testserver: sentinel replica: %v", err)
 	}

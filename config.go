@@ -269,7 +269,7 @@ type PublisherConfig struct {
 	Retention map[string]Retention
 
 	// WaitReplicas makes Publish wait until this many replicas have
-	// acknowledged the call's entries: WAIT follows the XADDs in the same
+	// acknowledged the call's entries (not with a redis.Ring client): WAIT follows the XADDs in the same
 	// round trip, on the same connection (on a cluster, to the master of the
 	// topic's slot; calls that share a round trip share the WAIT). When fewer
 	// replicas acknowledge within WaitTimeout, Publish returns a
@@ -334,6 +334,9 @@ func (c PublisherConfig) Validate() error {
 		return fmt.Errorf("%w: WaitTimeout is %s: it must not be negative", ErrInvalidConfig, c.WaitTimeout)
 	case c.WaitReplicas > 0 && c.WaitTimeout < time.Millisecond:
 		return fmt.Errorf("%w: WaitTimeout is %s: it must be at least 1ms (WAIT counts in milliseconds, and 0 would wait forever)", ErrInvalidConfig, c.WaitTimeout)
+	}
+	if _, ring := c.Client.(*redis.Ring); ring && c.WaitReplicas > 0 {
+		return fmt.Errorf("%w: WaitReplicas is %d with a redis.Ring client: a ring would not send WAIT on the connection of the XADDs; use a single-node, Sentinel or Cluster client", ErrInvalidConfig, c.WaitReplicas)
 	}
 	if rt, ok := readTimeout(c.Client); ok && c.WaitReplicas > 0 && c.WaitTimeout >= rt {
 		return fmt.Errorf("%w: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the round trip that carries WAIT", ErrInvalidConfig, c.WaitTimeout, rt)

@@ -78,7 +78,9 @@ func TestPublisherConfigValidate(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	slow := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: time.Second})
 	slowCluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ReadTimeout: 500 * time.Millisecond})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	t.Cleanup(func() {
+		_ = ring.Close()
 		_ = client.Close()
 		_ = slow.Close()
 		_ = slowCluster.Close()
@@ -102,6 +104,7 @@ func TestPublisherConfigValidate(t *testing.T) {
 		{name: "WaitTimeout under 1ms", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 1, WaitTimeout: time.Microsecond}, want: "WaitTimeout is 1µs"},
 		{name: "WaitTimeout beyond ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slow, WaitReplicas: 1, WaitTimeout: 2 * time.Second},
 			want: "WaitTimeout (2s) must be below the client's ReadTimeout (1s)"},
+		{name: "wait on a ring", cfg: valkeystream.PublisherConfig{Client: ring, WaitReplicas: 1}, want: "WaitReplicas is 1 with a redis.Ring client"},
 		{name: "WaitTimeout beyond a cluster's ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slowCluster, WaitReplicas: 1},
 			want: "WaitTimeout (1s) must be below the client's ReadTimeout (500ms)"},
 	}

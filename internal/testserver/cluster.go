@@ -33,7 +33,6 @@ var replicationArgs = []string{"--repl-diskless-sync-delay", "0", "--repl-ping-r
 type Cluster struct {
 	nodes []*Server // masters first, then their replicas in the same order
 	ids   map[string]string
-	logf  func(string, ...any)
 }
 
 // serverBinary returns the binary for private processes, or skips t when
@@ -61,7 +60,7 @@ func serverBinary(t testing.TB, what string) string {
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	bin := serverBinary(t, "cluster")
-	c := &Cluster{ids: make(map[string]string), logf: t.Logf}
+	c := &Cluster{ids: make(map[string]string)}
 	extra := []string{
 		"--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf",

@@ -8,6 +8,11 @@
 // reachable. Private processes and containers run with an append-only file
 // fsynced on every write, so acknowledged writes survive Kill, Restart and
 // the command returned by RestartCommand.
+//
+// StartCluster and StartSentinel start, from the same binary, a Redis
+// Cluster (three masters, three replicas) and a Sentinel group (a master, a
+// replica, three sentinels) whose nodes can be killed, frozen and failed
+// over.
 package testserver
 
 import (

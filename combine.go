@@ -3,6 +3,7 @@ package valkeystream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ var errSendAborted = errors.New("valkeystream: publish: the shared round trip wa
 type combiners struct {
 	client redis.UniversalClient
 	stats  *publisherCounters // counts round trips; nil counts nothing
+	wait   replicaWait
 
 	mu    sync.Mutex
 	byKey map[string]*combiner
@@ -44,7 +46,7 @@ func (cs *combiners) write(key string, r *writeRequest) {
 		if cs.byKey == nil {
 			cs.byKey = make(map[string]*combiner)
 		}
-		c = &combiner{client: cs.client, stats: cs.stats}
+		c = &combiner{client: cs.client, stats: cs.stats, wait: cs.wait, key: key}
 		cs.byKey[key] = c
 	}
 	c.users++
@@ -70,11 +72,21 @@ func (cs *combiners) write(key string, r *writeRequest) {
 type combiner struct {
 	client redis.UniversalClient
 	stats  *publisherCounters
+	wait   replicaWait
+	key    string
 	users  int // calls in write; guarded by combiners.mu
 
 	mu      sync.Mutex
 	waiting []*writeRequest // queued calls, oldest first
 	leaders int             // calls leading a round trip; waiting is empty while below maxLeaders
+}
+
+// replicaWait is how many replicas must acknowledge a round trip's entries,
+// and for how long to wait for them (WAIT numreplicas timeout). Zero
+// replicas: no WAIT.
+type replicaWait struct {
+	replicas int
+	timeout  time.Duration
 }
 
 // writeRequest is one Publish call's messages on their way to the server.
@@ -214,24 +226,74 @@ func (c *combiner) send(batch []*writeRequest) {
 		defer cancel()
 	}
 	c.stats.roundTrip(countArgs(batch))
-	if len(batch) == 1 && len(batch[0].args) == 1 {
+	if c.wait.replicas == 0 && len(batch) == 1 && len(batch[0].args) == 1 {
 		batch[0].errs[0] = c.client.XAdd(ctx, &batch[0].args[0]).Err()
 		return
 	}
-	pipe := c.client.Pipeline()
+	pipe, err := c.pipeline(ctx)
+	if err != nil {
+		for _, r := range batch {
+			fillErr(r.errs, err)
+		}
+		return
+	}
 	cmds := make([]*redis.StringCmd, 0, maxCombined)
 	for _, r := range batch {
 		for i := range r.args {
 			cmds = append(cmds, pipe.XAdd(ctx, &r.args[i]))
 		}
 	}
+	var wait *redis.IntCmd
+	if c.wait.replicas > 0 {
+		wait = redis.NewIntCmd(ctx, "wait", c.wait.replicas, c.wait.timeout.Milliseconds())
+		_ = pipe.Process(ctx, wait)
+	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
+	notReplicated := c.wait.check(wait)
 	for _, r := range batch {
 		for i := range r.errs {
 			r.errs[i] = cmds[0].Err()
+			if r.errs[i] == nil {
+				r.errs[i] = notReplicated
+			}
 			cmds = cmds[1:]
 		}
 	}
+}
+
+// pipeline returns the pipeline for a round trip. WAIT counts the writes of
+// its own connection, so it must follow the XADDs on the connection that
+// carried them; a cluster client would send the keyless WAIT to another
+// node (or refuse it in a pipeline), so with WAIT on a cluster the round
+// trip goes to the master of the stream's slot directly. A MOVED reply then
+// fails the call (nothing was written) and makes the cluster client reload
+// its slot map.
+func (c *combiner) pipeline(ctx context.Context) (redis.Pipeliner, error) {
+	cluster, ok := c.client.(*redis.ClusterClient)
+	if !ok || c.wait.replicas == 0 {
+		return c.client.Pipeline(), nil
+	}
+	master, err := cluster.MasterForKey(ctx, c.key)
+	if err != nil {
+		return nil, err
+	}
+	return master.Pipeline(), nil
+}
+
+// check returns nil when the WAIT reply counts enough replicas, else an
+// error wrapping ErrNotReplicated.
+func (w replicaWait) check(wait *redis.IntCmd) error {
+	if wait == nil {
+		return nil
+	}
+	n, err := wait.Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: WAIT %d %d failed: %w", ErrNotReplicated, w.replicas, w.timeout.Milliseconds(), err)
+	case n < int64(w.replicas):
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %s", ErrNotReplicated, n, w.replicas, w.timeout)
+	}
+	return nil
 }
 
 // sharedContext is the context of a round trip shared by batch: the values of

@@ -25,6 +25,9 @@ const (
 	DefaultClaimMinIdle = 30 * time.Second
 	// DefaultAckFlushInterval bounds how long an Ack waits before it is sent.
 	DefaultAckFlushInterval = 100 * time.Millisecond
+	// DefaultWaitTimeout bounds how long a Publish with
+	// PublisherConfig.WaitReplicas waits for replicas.
+	DefaultWaitTimeout = time.Second
 	// DefaultDeadLetterSuffix names the dead-letter topic of a topic: the
 	// topic plus this suffix. A [Subscriber] copies undecodable entries of a
 	// stream to the stream key plus this suffix (see
@@ -397,6 +400,28 @@ type PublisherConfig struct {
 	// retention well above the longest backlog you expect.
 	Retention map[string]Retention
 
+	// WaitReplicas makes Publish wait until this many replicas have
+	// acknowledged the call's entries (not with a redis.Ring client): WAIT follows the XADDs in the same
+	// round trip, on the same connection (on a cluster, to the master of the
+	// topic's slot; calls that share a round trip share the WAIT). When fewer
+	// replicas acknowledge within WaitTimeout, Publish returns a
+	// *PublishError wrapping [ErrNotReplicated]: the entries were written on
+	// the master and may still be there (or reach the replicas later), so
+	// publishing them again may store duplicates, never lose them. With
+	// WaitReplicas at most the number of replicas, a Publish that returned
+	// nil survives a failover to any of the replicas that acknowledged. A
+	// master that has been replaced without knowing it has no replicas left,
+	// so its writes fail instead of being lost. Default: 0, no waiting
+	// (replication is asynchronous: a failover can lose the last entries a
+	// master acknowledged).
+	WaitReplicas int
+
+	// WaitTimeout bounds the wait for replicas (WAIT timeout, in whole
+	// milliseconds). It must be below the client's ReadTimeout, which bounds
+	// the whole round trip. Only used with WaitReplicas. Default:
+	// DefaultWaitTimeout.
+	WaitTimeout time.Duration
+
 	// CloseClient makes Close close Client too. Default: false.
 	CloseClient bool
 }
@@ -418,6 +443,9 @@ func (c *PublisherConfig) setDefaults() {
 	if c.Marshaler == nil {
 		c.Marshaler = DefaultMarshaler{}
 	}
+	if c.WaitReplicas > 0 && c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
 }
 
 // Validate reports the first problem with the configuration, as an error
@@ -431,6 +459,20 @@ func (c PublisherConfig) Validate() error {
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
 		return fmt.Errorf("%w: KeyPrefix %q contains '{' or '}': a prefix must not change the cluster hash slot of a topic", ErrInvalidConfig, c.KeyPrefix)
 	}
+	switch {
+	case c.WaitReplicas < 0:
+		return fmt.Errorf("%w: WaitReplicas is %d: it must be 0 (no waiting) or the number of replicas to wait for", ErrInvalidConfig, c.WaitReplicas)
+	case c.WaitTimeout < 0:
+		return fmt.Errorf("%w: WaitTimeout is %s: it must not be negative", ErrInvalidConfig, c.WaitTimeout)
+	case c.WaitReplicas > 0 && c.WaitTimeout < time.Millisecond:
+		return fmt.Errorf("%w: WaitTimeout is %s: it must be at least 1ms (WAIT counts in milliseconds, and 0 would wait forever)", ErrInvalidConfig, c.WaitTimeout)
+	}
+	if _, ring := c.Client.(*redis.Ring); ring && c.WaitReplicas > 0 {
+		return fmt.Errorf("%w: WaitReplicas is %d with a redis.Ring client: a ring would not send WAIT on the connection of the XADDs; use a single-node, Sentinel or Cluster client", ErrInvalidConfig, c.WaitReplicas)
+	}
+	if rt, ok := readTimeout(c.Client); ok && c.WaitReplicas > 0 && c.WaitTimeout >= rt {
+		return fmt.Errorf("%w: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the round trip that carries WAIT", ErrInvalidConfig, c.WaitTimeout, rt)
+	}
 	for topic, r := range c.Retention {
 		switch {
 		case r.MaxLen < 0 || r.MaxAge < 0:
@@ -440,4 +482,16 @@ func (c PublisherConfig) Validate() error {
 		}
 	}
 	return nil
+}
+
+// readTimeout returns the read timeout of a client, when it has one.
+func readTimeout(client redis.UniversalClient) (time.Duration, bool) {
+	var d time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		d = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		d = c.Options().ReadTimeout
+	}
+	return d, d > 0
 }

@@ -82,7 +82,15 @@ func TestSubscriberConfigValidate(t *testing.T) {
 
 func TestPublisherConfigValidate(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _ = client.Close() })
+	slow := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: time.Second})
+	slowCluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ReadTimeout: 500 * time.Millisecond})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	t.Cleanup(func() {
+		_ = ring.Close()
+		_ = client.Close()
+		_ = slow.Close()
+		_ = slowCluster.Close()
+	})
 	tests := []struct {
 		name string
 		cfg  valkeystream.PublisherConfig
@@ -95,6 +103,16 @@ func TestPublisherConfigValidate(t *testing.T) {
 			want: `Retention["t"] sets both`},
 		{name: "negative", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"t": {MaxLen: -1}}},
 			want: `Retention["t"] is negative`},
+		{name: "wait with the default timeout", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 1}},
+		{name: "wait", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 2, WaitTimeout: 2 * time.Second}},
+		{name: "negative WaitReplicas", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: -1}, want: "WaitReplicas is -1"},
+		{name: "negative WaitTimeout", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 1, WaitTimeout: -time.Second}, want: "WaitTimeout is -1s"},
+		{name: "WaitTimeout under 1ms", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 1, WaitTimeout: time.Microsecond}, want: "WaitTimeout is 1µs"},
+		{name: "WaitTimeout beyond ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slow, WaitReplicas: 1, WaitTimeout: 2 * time.Second},
+			want: "WaitTimeout (2s) must be below the client's ReadTimeout (1s)"},
+		{name: "wait on a ring", cfg: valkeystream.PublisherConfig{Client: ring, WaitReplicas: 1}, want: "WaitReplicas is 1 with a redis.Ring client"},
+		{name: "WaitTimeout beyond a cluster's ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slowCluster, WaitReplicas: 1},
+			want: "WaitTimeout (1s) must be below the client's ReadTimeout (500ms)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -28,6 +28,14 @@ var (
 	// be decoded into a message.
 	ErrInvalidEntry = errors.New("valkeystream: invalid entry")
 
+	// ErrNotReplicated is wrapped by the error of a Publish with
+	// PublisherConfig.WaitReplicas when fewer replicas than asked
+	// acknowledged the entries within WaitTimeout (or the answer was lost).
+	// The entries were written on the master: they may survive, so
+	// publishing again may store duplicates, but a failover may also lose
+	// them.
+	ErrNotReplicated = errors.New("valkeystream: not acknowledged by enough replicas")
+
 	// ErrDeliveryLimit is wrapped, together with the handler's error, by the
 	// error that the [DeliveryLimit] middleware returns when a handler fails
 	// on a delivery at or past the limit. Match it in the filter of
@@ -64,16 +72,24 @@ func (e *GroupCreateError) Error() string {
 
 func (e *GroupCreateError) Unwrap() error { return e.Err }
 
-// PublishError is returned by Publish when some messages were not written.
-// The other messages of the call were accepted by the server.
+// PublishError is returned by Publish when some messages were not written,
+// or, when Err wraps [ErrNotReplicated], written on the master without the
+// acknowledgement of enough replicas. The other messages of the call were
+// accepted (and acknowledged).
 type PublishError struct {
-	Topic   string   // the topic passed to Publish
-	NotSent []string // UUIDs of the messages that were not written, in call order
-	Total   int      // how many messages the call carried
-	Err     error    // the first failure
+	Topic string // the topic passed to Publish
+	// NotSent lists the UUIDs of the messages that were not written or not
+	// acknowledged by enough replicas, in call order.
+	NotSent []string
+	Total   int   // how many messages the call carried
+	Err     error // the first failure
 }
 
 func (e *PublishError) Error() string {
+	if errors.Is(e.Err, ErrNotReplicated) {
+		return fmt.Sprintf("valkeystream: %d of %d messages written to topic %q without enough replica acknowledgements (uuids %s): %v; they may be lost in a failover, and publishing them again may store duplicates",
+			len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", "), e.Err)
+	}
 	return fmt.Sprintf("valkeystream: %d of %d messages not written to topic %q (uuids %s): %v",
 		len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", "), e.Err)
 }

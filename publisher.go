@@ -22,6 +22,7 @@ type Publisher struct {
 
 	combiners combiners
 	stats     *publisherCounters
+	failover  failover
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -39,7 +40,11 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	}
 	config.Retention = maps.Clone(config.Retention)
 	stats := &publisherCounters{}
-	return &Publisher{config: config, logger: logger, stats: stats, combiners: combiners{client: config.Client, stats: stats}}, nil
+	return &Publisher{config: config, logger: logger, stats: stats, combiners: combiners{
+		client: config.Client,
+		stats:  stats,
+		wait:   replicaWait{replicas: config.WaitReplicas, timeout: config.WaitTimeout},
+	}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
@@ -61,6 +66,12 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // An error after the messages were sent (a connection lost before the reply)
 // can hide a write that happened: publishing again then stores a duplicate,
 // which consumers drop by UUID.
+//
+// With PublisherConfig.WaitReplicas, Publish also waits until that many
+// replicas have the messages; an error wrapping [ErrNotReplicated] means
+// they were written on the master but not confirmed by enough replicas.
+// After a connection error on a cluster client, Publish makes the client
+// reload its slot map, so that calls find a newly promoted master promptly.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) {
 	defer func() { p.stats.published(len(msgs), err) }()
 	if topic == "" {
@@ -119,6 +130,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 		}
 	}
 	if first != nil {
+		p.failover.failed(p.config.Client, first)
 		return &PublishError{Topic: topic, NotSent: failed, Total: len(msgs), Err: first}
 	}
 	// No per-call log line: a Watermill logger cannot say whether it would

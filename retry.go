@@ -36,6 +36,9 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 	r.health.failed(err)
 	r.n++
 	delay := backoff(r.n)
+	// A failover may be under way: have the client look for the new master,
+	// and do not sleep long past its arrival.
+	delay = r.sub.failover.retryDelay(r.sub.config.Client, err, delay)
 	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
 		"operation": what, "attempt": r.n, "retry_in": delay.String()})
 	return pause(ctx, delay)

@@ -35,8 +35,9 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	stats  counters
-	health healthRegistry
+	stats    counters
+	health   healthRegistry
+	failover failover // helps the client through a failover; see failover.go
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig

@@ -27,13 +27,28 @@ type proc struct {
 	exitErr    error         // result of Wait; read only after done is closed
 }
 
+// procConfig is what distinguishes a server process from the plain one:
+// extra arguments (cluster mode, replicaof), or a sentinel configuration.
+type procConfig struct {
+	extra []string
+	// sentinel, when set, is the content of sentinel.conf: the process runs
+	// as a Sentinel, without persistence of its own.
+	sentinel string
+}
+
 // startProcess creates the directory and starts the first server process.
-func startProcess(bin string, logf func(string, ...any)) (*Server, error) {
+func startProcess(bin string, logf func(string, ...any), pc procConfig) (*Server, error) {
 	dir, err := os.MkdirTemp("", "valkeystream-testserver-")
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
-	s := &Server{kind: kindProcess, bin: bin, dir: dir, logf: logf}
+	s := &Server{kind: kindProcess, bin: bin, dir: dir, logf: logf, pc: pc}
+	if pc.sentinel != "" {
+		if err := os.WriteFile(s.sentinelConf(), []byte(pc.sentinel), 0o644); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("write sentinel.conf: %w", err)
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	// The free port may be taken by someone else before the server binds
@@ -66,18 +81,26 @@ func startProcess(bin string, logf func(string, ...any)) (*Server, error) {
 }
 
 func (s *Server) args() []string {
-	return []string{
+	common := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
-		"--appendonly", "yes",
-		"--appendfsync", "always",
-		"--save", "",
 		"--protected-mode", "no",
 		"--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "server.log"),
 	}
+	if s.pc.sentinel != "" {
+		return append([]string{s.sentinelConf(), "--sentinel"}, common...)
+	}
+	args := append(common,
+		"--appendonly", "yes",
+		"--appendfsync", "always",
+		"--save", "",
+	)
+	return append(args, s.pc.extra...)
 }
+
+func (s *Server) sentinelConf() string { return filepath.Join(s.dir, "sentinel.conf") }
 
 func (s *Server) pidFile() string { return filepath.Join(s.dir, "server.pid") }
 

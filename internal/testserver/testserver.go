@@ -8,6 +8,11 @@
 // reachable. Private processes and containers run with an append-only file
 // fsynced on every write, so acknowledged writes survive Kill, Restart and
 // the command returned by RestartCommand.
+//
+// StartCluster and StartSentinel start, from the same binary, a Redis
+// Cluster (three masters, three replicas) and a Sentinel group (a master, a
+// replica, three sentinels) whose nodes can be killed, frozen and failed
+// over.
 package testserver
 
 import (
@@ -78,6 +83,7 @@ type Server struct {
 	// Private process.
 	bin    string
 	dir    string
+	pc     procConfig
 	port   int // fixed once Start returns
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -128,7 +134,7 @@ func Start(t testing.TB) *Server {
 		return nil
 	}
 	if bin != "" {
-		s, err := startProcess(bin, t.Logf)
+		s, err := startProcess(bin, t.Logf, procConfig{})
 		if err != nil {
 			t.Fatalf("testserver: %v", err)
 			return nil

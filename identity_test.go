@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -426,17 +427,19 @@ func TestRollingRestartsWithFreshNamesLeaveOnlyLiveConsumers(t *testing.T) {
 }
 
 // The least-privilege user of the docs (docs/design.md#permissions) runs a
-// whole life: Subscribe, Publish, Nack, an undecodable entry dead-lettered,
-// a departed consumer removed, Close.
+// whole life: Subscribe, Publish, a delayed message, Nack, an undecodable
+// entry dead-lettered, a departed consumer removed, Close.
 func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	topic := e.topic
+	delayedKey, err := valkeystream.DelayedKey(topic)
+	require.NoError(t, err)
 	rules := []string{"on", ">secret", "resetkeys", "~" + topic, "~" + topic + ".dead", "~" + topic + ":lease:*",
-		"resetchannels", "-@all",
+		"~" + delayedKey, "resetchannels", "-@all",
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+exists", "+evalsha", "+eval",
-		"+get", "+set", "+pexpire", "+pttl", "+del"}
+		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem"}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
 	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "app", Password: "secret"})
@@ -467,6 +470,13 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	m = receive(t, msgs)
 	require.Equal(t, sent.UUID, m.UUID)
 	assert.Equal(t, 2, valkeystream.DeliveryCount(m))
+	m.Ack()
+
+	later := message.NewMessage(watermill.NewUUID(), []byte("later"))
+	delay.Message(later, delay.For(200*time.Millisecond))
+	require.NoError(t, pub.Publish(topic, later))
+	m = receive(t, msgs)
+	require.Equal(t, later.UUID, m.UUID, "the delayed message, moved into the stream by the subscription")
 	m.Ack()
 
 	require.Eventually(t, func() bool {

@@ -40,19 +40,23 @@ func testReport(t *testing.T) report {
 	t.Helper()
 	res := newResults()
 	for _, scn := range scenarios {
+		if scn.kind != kindThroughput {
+			continue
+		}
 		for _, size := range []int{16, 64} {
 			for i, name := range scn.sides {
 				for rep := range 3 {
 					// 10000 messages in 100, 200 or 400 ms (times 1, 2 or 4 by side).
 					elapsed := time.Duration(100*(1<<i)*(1+rep%2)) * time.Millisecond
-					res.add(key{scn.id, name, size}, sample{n: 10000, elapsed: elapsed, nacks: 100, deliveries: 10100})
+					res.add(key{scn.id, name, size, 0}, sample{n: 10000, elapsed: elapsed, nacks: 100, deliveries: 10100})
 				}
 			}
 		}
 	}
 	return report{
 		cfg: config{reps: 3, sizes: []int{16, 64}, publishN: 20000, consumeN: 10000,
-			args: []string{"-out", "../docs/benchmarks.md"}},
+			delays: []time.Duration{0}, args: []string{"-out", "../docs/benchmarks.md"}},
+		rtts:      map[time.Duration]time.Duration{0: 42 * time.Microsecond},
 		machine:   machine{cpu: "Test CPU", cores: 2, gomaxprocs: 2, os: "TestOS", goVersion: "go1.26.8"},
 		server:    "Redis 7.0.15 (private, non-persistent, on loopback)",
 		scenarios: scenarios,
@@ -76,10 +80,11 @@ func TestMarkdown(t *testing.T) {
 		"| server | Redis 7.0.15 (private, non-persistent, on loopback) |",
 		"![Messages per second by scenario, 64-byte payloads](benchmarks.svg)",
 		// median of 100, 200, 100 ms: 100,000 msg/s; the incumbent's 50,000.
-		"| publish, 64 goroutines, 1 msg/call | 16 B | 100,000 | 50,000 | **2.00×** | go-redis 25,000 | 400% | 200% |",
-		"| consume, router handler | 64 B | 100,000 | 50,000 | **2.00×** | gochannel 25,000 | 400% | 200% |",
-		"| 64 B | valkeystream | 100,000 | 100% | 100 | 1.010 |",
-		"| 1,000,000 | 100,000 | 9.0 MiB | 1.0 MiB |",
+		"| network distance | loopback (round trip 42µs) |",
+		"| publish, 64 goroutines, 1 msg/call | 16 B | 42µs | 100,000 | 50,000 | **2.00×** | go-redis 25,000 | 400% | 200% |",
+		"| consume, router handler | 64 B | 42µs | 100,000 | 50,000 | **2.00×** | gochannel 25,000 | 400% | 200% |",
+		"| 64 B | 42µs | valkeystream | 100,000 | 100% | 100 | 1.010 |",
+		"| 1,000,000 | 0s | 100,000 | 9.0 MiB | 1.0 MiB |",
 		"Result: no duplicates, and nothing left pending, in any run.",
 		"<details>",
 	} {
@@ -94,11 +99,11 @@ func TestMarkdown(t *testing.T) {
 
 func TestMarkdownListsDuplicatesAndPending(t *testing.T) {
 	r := testReport(t)
-	k := key{"consume-channel", sideIncumbent, 64}
+	k := key{"consume-channel", sideIncumbent, 64, 0}
 	r.res.samples[k][1].duplicates = 2
 	r.res.samples[k][2].pending = 1
 	md := r.markdown("")
-	if !strings.Contains(md, "| consume-channel | watermill-redisstream | 64 B | 2 | 1 |") {
+	if !strings.Contains(md, "| consume-channel, round trip 42µs | watermill-redisstream | 64 B | 2 | 1 |") {
 		t.Error("the report does not list the duplicates and pending entries")
 	}
 	if strings.Contains(md, "no duplicates") || strings.Contains(md, "![") {
@@ -125,12 +130,14 @@ func TestChartIsWellFormedSVG(t *testing.T) {
 	// One background, four legend keys, and a bar per side of each scenario.
 	bars := 0
 	for _, scn := range scenarios {
-		bars += len(scn.sides)
+		if scn.kind == kindThroughput {
+			bars += len(scn.sides)
+		}
 	}
 	if want := 1 + 4 + bars; rects != want {
 		t.Errorf("the chart has %d rects, want %d", rects, want)
 	}
-	if !strings.Contains(svg, "64-byte payloads, median of 3 runs") {
+	if !strings.Contains(svg, "64-byte payloads, median of 3 runs, round trip 42µs") {
 		t.Error("the chart's title does not name the payload size and the runs")
 	}
 }

@@ -52,7 +52,7 @@ type config struct {
 	topicRounds int
 	topicStart  time.Duration
 
-	args       []string // as given, for the report
+	args []string // as given, for the report
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {

@@ -247,6 +247,9 @@ func (b *bench) runLatency(ctx context.Context, scn scenario, sd side, rate, rep
 	})
 	stopRouter, err := runRouter(ctx, router, 30*time.Second)
 	if err != nil {
+		if stopRouter != nil {
+			err = errors.Join(err, stopRouter())
+		}
 		return latencySample{}, err
 	}
 	defer stopRouter()
@@ -302,10 +305,17 @@ func latencyPubSub(sc *scope, sd side) (message.Publisher, message.Subscriber, e
 	return pub, sub, nil
 }
 
+// errRouterNotRunning is the error of runRouter when the router's handlers
+// have not all subscribed within its limit.
+var errRouterNotRunning = errors.New("the router did not start its handlers")
+
 // runRouter runs router until the returned stop is called, and returns once
-// every handler has subscribed, or an error when that takes longer than
-// limit or the router stops. stop closes the router and waits for Run; it
-// may be called more than once.
+// every handler has subscribed. When that takes longer than limit it
+// returns stop with an error that wraps errRouterNotRunning, so that the
+// caller can look at the router before stopping it; when the router stops
+// by itself it returns the router's error, and stop is nil. stop closes the
+// router and waits (up to limit) for Run to return; it may be called more
+// than once.
 func runRouter(ctx context.Context, router *message.Router, limit time.Duration) (stop func() error, err error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	ran := make(chan error, 1)
@@ -333,14 +343,15 @@ func runRouter(ctx context.Context, router *message.Router, limit time.Duration)
 	case <-router.Running():
 		return stop, nil
 	case err := <-ran:
+		// Handlers that did subscribe run until the router is closed.
+		_ = router.Close()
 		cancel()
 		if err == nil {
 			err = errors.New("it stopped before running")
 		}
 		return nil, fmt.Errorf("running the router: %w", err)
 	case <-time.After(limit):
-		err := fmt.Errorf("the router did not start its handlers within %s", limit)
-		return nil, errors.Join(err, stop())
+		return stop, fmt.Errorf("%w within %s", errRouterNotRunning, limit)
 	case <-ctx.Done():
 		return nil, errors.Join(ctx.Err(), stop())
 	}

@@ -47,7 +47,7 @@ func (r report) writeLatency(w *strings.Builder) {
 				p99 := medianLatency(ls, func(l latencySample) time.Duration { return l.stats.p99 })
 				vsInc := "–"
 				if name != sideIncumbent && incP99 > 0 {
-					vsInc = formatPercent(ratio(float64(p99), float64(incP99)))
+					vsInc = formatLatencyRatio(ratio(float64(p99), float64(incP99)))
 				}
 				achieved := make([]float64, len(ls))
 				for i, l := range ls {
@@ -63,6 +63,15 @@ func (r report) writeLatency(w *strings.Builder) {
 		}
 	}
 	w.WriteString("\n")
+}
+
+// formatLatencyRatio writes a ratio of latencies: "1.40×", "0.05×", or
+// "<0.01×" for a small one.
+func formatLatencyRatio(r float64) string {
+	if r < 0.01 {
+		return "<0.01×"
+	}
+	return fmt.Sprintf("%.2f×", r)
 }
 
 // medianLatency is the median of one figure over runs; 0 for none.
@@ -136,7 +145,7 @@ func (r report) writeTopics(w *strings.Builder) {
 		if t.allStarted() {
 			p50, p99, most = formatDuration(t.stats.p50), formatDuration(t.stats.p99), formatDuration(t.stats.max)
 		} else {
-			start = fmt.Sprintf("did not start %d of %d within %s", t.topics-t.started, t.topics, formatDuration(t.startTime))
+			start = t.startFailure()
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d (%d) | %d |\n",
 			groupThousands(int64(t.topics)), r.rttCell(t.delay), t.side, start, p50, p99, most,

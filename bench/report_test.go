@@ -175,7 +175,18 @@ func TestParseFlags(t *testing.T) {
 	if cfg.chart != "../docs/benchmarks.svg" || len(cfg.sizes) != 2 || cfg.memoryNs != nil || cfg.reps != 3 {
 		t.Errorf("parsed %+v", cfg)
 	}
-	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"}} {
+	if len(cfg.delays) != 1 || cfg.delays[0] != 0 || len(cfg.latencyRates) != 2 || len(cfg.largeSizes) != 2 || len(cfg.topicCounts) != 1 {
+		t.Errorf("defaults: delays %v, latency rates %v, large sizes %v, topics %v", cfg.delays, cfg.latencyRates, cfg.largeSizes, cfg.topicCounts)
+	}
+	cfg, err = parseFlags([]string{"-delays", "0,1ms,2.5ms", "-topics", "100,1000", "-large-sizes", "65536"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.delays) != 3 || cfg.delays[2] != 2500*time.Microsecond || len(cfg.topicCounts) != 2 || cfg.largeSizes[0] != 65536 {
+		t.Errorf("parsed delays %v, topics %v, large sizes %v", cfg.delays, cfg.topicCounts, cfg.largeSizes)
+	}
+	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"},
+		{"-delays", "1"}, {"-latency-rates", "0"}, {"-large-mib", "0"}, {"-topics-start", "10ms"}, {"-large-sizes", "4"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) accepted it", bad)
 		}
@@ -186,5 +197,49 @@ func TestParseFlags(t *testing.T) {
 	picked, memory, err := selectScenarios("memory,publish-batch")
 	if err != nil || len(picked) != 1 || picked[0].id != "publish-batch" || !memory {
 		t.Errorf("selectScenarios = %v, %v, %v", picked, memory, err)
+	}
+}
+
+func TestMarkdownOfDistancesLatencyLargeAndTopics(t *testing.T) {
+	const ms = time.Millisecond
+	r := testReport(t)
+	r.cfg.delays = []time.Duration{0, ms}
+	r.cfg.latencyRates, r.cfg.latencyDuration = []int{1000}, 5*time.Second
+	r.cfg.largeSizes, r.cfg.largeMiB = []int{1 << 20}, 64
+	r.cfg.topicStart, r.cfg.topicPeriod, r.cfg.topicRounds = 30*time.Second, time.Second, 5
+	r.rtts[ms] = 1100 * time.Microsecond
+	r.res.add(key{"consume-router", sideValkeystream, 64, ms}, sample{n: 1000, elapsed: 100 * ms})
+	r.res.add(key{"consume-large", sideIncumbent, 1 << 20, ms}, sample{n: 64, elapsed: 2 * time.Second, peakRSS: 30 << 20})
+	r.latency = []latencySample{
+		{side: sideValkeystream, rate: 1000, delay: ms, achieved: 999, stats: latencyStats{n: 5000, p50: 2 * ms, p99: 4 * ms, max: 9 * ms}},
+		{side: sideIncumbent, rate: 1000, delay: ms, achieved: 1000, stats: latencyStats{n: 5000, p50: 3 * ms, p99: 8 * ms, max: 20 * ms}},
+	}
+	r.topics = []topicsSample{
+		{side: sideValkeystream, topics: 100, delay: 0, started: 100, startTime: 800 * ms, sent: 500,
+			stats: latencyStats{n: 500, p50: ms, p99: 3 * ms, max: 5 * ms}, poolSize: 20, peakConns: 4},
+		{side: sideIncumbent, topics: 1000, delay: ms, started: 175, startTime: 30 * time.Second, poolSize: 20, peakConns: 20, poolTimeouts: 12},
+	}
+	for _, sc := range scenarios {
+		if sc.kind != kindThroughput {
+			r.scenarios = append(r.scenarios, sc)
+		}
+	}
+	md := r.markdown("")
+	for _, want := range []string{
+		"| network distance | loopback (round trip 42µs); replies delayed 1ms by a proxy (round trip 1.1ms) |",
+		"| consume, router handler | 64 B | 1.1ms | 10,000 | – |",
+		"| 1.1ms | 1,000/s | valkeystream | 999 | 2ms | 4ms | 9ms | 0.50× |",
+		"| 1.1ms | 1,000/s | watermill-redisstream | 1,000 | 3ms | 8ms | 20ms | – |",
+		"| 1.0 MiB | 1.1ms | watermill-redisstream | 64 | 32 | 32.0 | 30.0 MiB |",
+		"| 100 | 42µs | valkeystream | 800ms | 1ms | 3ms | 5ms | 4 (20) | 0 |",
+		"| 1,000 | 1.1ms | watermill-redisstream | did not start 825 of 1000 within 30s | – | – | – | 20 (20) | 12 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	svg := r.chartSVG()
+	if !strings.Contains(svg, "consume, router handler, RTT 1.1ms") {
+		t.Error("the chart does not name the round trip of each group when there are several")
 	}
 }

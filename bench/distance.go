@@ -12,19 +12,19 @@ type distance struct {
 	delay time.Duration // added to the server's replies; 0 for plain loopback
 	rtt   time.Duration // round trip measured from the clients' side
 	addr  string        // where the clients connect
-	proxy *delayProxy   // nil on plain loopback
+	proxy *proxyProcess // nil on plain loopback
 }
 
-// openDistance starts a delay proxy in front of the server (none for a zero
-// delay) and measures the round trip through it.
+// openDistance starts a delay proxy in front of the server, in a child
+// process (none for a zero delay), and measures the round trip through it.
 func (b *bench) openDistance(ctx context.Context, delay time.Duration) (distance, error) {
 	d := distance{delay: delay, addr: b.srv.addr}
 	if delay > 0 {
-		p, err := startDelayProxy(b.srv.addr, delay)
+		p, err := startProxyProcess(ctx, b.srv.addr, delay)
 		if err != nil {
 			return distance{}, err
 		}
-		d.proxy, d.addr = p, p.addr()
+		d.proxy, d.addr = p, p.addr
 	}
 	rtt, err := measureRTT(ctx, d.addr)
 	if err != nil {
@@ -38,7 +38,7 @@ func (b *bench) openDistance(ctx context.Context, delay time.Duration) (distance
 // close stops the delay proxy, if any.
 func (d distance) close() {
 	if d.proxy != nil {
-		_ = d.proxy.Close()
+		d.proxy.stop()
 	}
 }
 

@@ -179,10 +179,14 @@ func parseDurations(list string) ([]time.Duration, error) {
 }
 
 func main() {
-	var err error
-	if spec, ok := childSpec(); ok {
+	target, delay, isProxy, err := proxySpec()
+	switch spec, isChild := childSpec(); {
+	case err != nil:
+	case isProxy:
+		err = runProxyChild(target, delay)
+	case isChild:
 		err = runChild(spec)
-	} else {
+	default:
 		err = run(os.Args[1:])
 	}
 	switch {

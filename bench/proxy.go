@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -135,12 +136,12 @@ func copyDelayed(dst io.Writer, src io.Reader, delay time.Duration) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(queue)
+		buf := make([]byte, proxyChunk)
 		for {
-			buf := make([]byte, proxyChunk)
 			n, err := src.Read(buf)
 			if n > 0 {
 				select {
-				case queue <- stampedChunk{time.Now().Add(delay), buf[:n]}:
+				case queue <- stampedChunk{time.Now().Add(delay), bytes.Clone(buf[:n])}:
 				case <-stop:
 					return
 				}

@@ -3,6 +3,7 @@
 // writes the results as Markdown with an SVG chart.
 //
 //	go run -C bench . -out ../docs/benchmarks.md
+//	go run -C bench . -delays 0,1ms,2.5ms -out ../docs/benchmarks.md
 //
 // Run it with -h for the flags.
 package main
@@ -23,6 +24,23 @@ import (
 	"syscall"
 	"time"
 )
+
+const usage = `Usage: go run -C bench . [flags]
+
+Measures valkeystream against watermill-redisstream (and go-redis alone and
+Watermill's gochannel as references) on a private server, and writes a
+Markdown report with an SVG chart. Scenarios: publish (64 goroutines, one,
+100 per call), consume (router, channel, 1% Nacked), latency (publish to
+handler at fixed rates), consume-large (64 KiB and 1 MiB payloads in a
+child process, with its peak RSS), many-topics (one Subscriber, one
+default client, a handler per topic) and memory (heap over a backlog).
+
+Every scenario at loopback and at two simulated network distances:
+
+  go run -C bench . -delays 0,1ms,2.5ms -out ../docs/benchmarks.md
+
+Flags:
+`
 
 type config struct {
 	out, chart string
@@ -60,6 +78,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var sizes, memory, delays, rates, largeSizes, topics string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&cfg.out, "out", "", "write the Markdown report to this file (default: standard output)")
 	fs.StringVar(&cfg.chart, "chart", "", "write the SVG chart to this file (default: -out with the extension .svg; none when -out is empty)")
 	fs.StringVar(&cfg.serverBin, "server", "redis-server", "server binary to start privately: redis-server or valkey-server (a name on PATH or a path)")

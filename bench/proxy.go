@@ -128,8 +128,9 @@ type stampedChunk struct {
 }
 
 // copyDelayed copies src to dst, each chunk no earlier than delay after it
-// was read, and returns when src ends or dst fails. Chunks keep their order:
-// they arrive in order and all wait the same delay.
+// was read, and returns when src ends or dst fails, having closed src if it
+// is an io.Closer. Chunks keep their order: they arrive in order and all
+// wait the same delay.
 func copyDelayed(dst io.Writer, src io.Reader, delay time.Duration) {
 	queue := make(chan stampedChunk, proxyQueue)
 	stop := make(chan struct{}) // closed when the writer fails
@@ -152,6 +153,11 @@ func copyDelayed(dst io.Writer, src io.Reader, delay time.Duration) {
 		}
 	})
 	writeDelayed(dst, queue, stop)
+	if c, ok := src.(io.Closer); ok {
+		// dst failed or src ended: either way the reader has nothing left
+		// to do, and a read in progress must not wait for more.
+		_ = c.Close()
+	}
 	wg.Wait()
 }
 

@@ -113,7 +113,7 @@ func TestDelayProxyDelaysByAboutTheDelay(t *testing.T) {
 			t.Fatalf("got %q back, want %q", buf, "ping!")
 		}
 	}
-	med := summarize(times).p50
+	med := summarize(times).p50 // sorts times: times[0] is the fastest
 	// Never less than the delay; the upper bound only rules out a delay
 	// paid many times over (the machine may be busy).
 	if times[0] < delay || med > 10*delay {

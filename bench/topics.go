@@ -117,6 +117,11 @@ func (b *bench) runTopics(ctx context.Context, scn scenario, sd side, topics, re
 	if err != nil {
 		return topicsSample{}, err
 	}
+	// Only the publisher's client is warmed: the subscriber's connections
+	// are what this scenario counts.
+	if err := sc.warm(ctx, publishWorkers); err != nil {
+		return topicsSample{}, err
+	}
 	client := sc.defaultClient()
 	inner, err := sd.subscriber(sc, client)
 	if err != nil {
@@ -166,9 +171,6 @@ func (b *bench) runTopics(ctx context.Context, scn scenario, sd side, topics, re
 	}
 	defer stopRouter()
 
-	if err := sc.warm(ctx, publishWorkers); err != nil {
-		return topicsSample{}, err
-	}
 	plan := make([]pacedMessage, 0, c.n)
 	for r := range rounds {
 		for i, t := range names {

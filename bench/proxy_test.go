@@ -183,3 +183,32 @@ func TestDelayProxyCloseEndsConnections(t *testing.T) {
 		t.Errorf("read %d bytes from a closed proxy, want an error", n)
 	}
 }
+
+func TestMeasureRTTThroughProxyOfARealServer(t *testing.T) {
+	ctx := t.Context()
+	srv, err := startServer(ctx, "redis-server")
+	if err != nil {
+		t.Fatalf("starting redis-server (it must be on PATH): %v", err)
+	}
+	t.Cleanup(func() {
+		srv.stop()
+		srv.remove()
+	})
+	const delay = 10 * time.Millisecond
+	p, err := startDelayProxy(srv.addr, delay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	direct, err := measureRTT(ctx, srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	through, err := measureRTT(ctx, p.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if through < delay || through < direct {
+		t.Errorf("round trip through a %s proxy: %s (direct: %s); want at least the delay", delay, through, direct)
+	}
+}

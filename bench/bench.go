@@ -63,7 +63,7 @@ func (b *bench) runAll(ctx context.Context, picked []scenario) error {
 
 // runRepetition runs every picked scenario once at the current distance.
 func (b *bench) runRepetition(ctx context.Context, picked []scenario, rep int) error {
-	for _, size := range b.cfg.sizes {
+	for _, size := range b.sizesHere() {
 		for _, scn := range picked {
 			if scn.kind != kindThroughput {
 				continue
@@ -71,6 +71,9 @@ func (b *bench) runRepetition(ctx context.Context, picked []scenario, rep int) e
 			n := b.cfg.consumeN
 			if scn.publish {
 				n = b.cfg.publishN
+			}
+			if b.dist.delay > 0 && b.cfg.distanceMessages > 0 {
+				n = min(n, b.cfg.distanceMessages)
 			}
 			c, err := newCorpus(uint64(rep)<<32|uint64(size), n, size)
 			if err != nil {
@@ -107,6 +110,15 @@ func (b *bench) runRepetition(ctx context.Context, picked []scenario, rep int) e
 		}
 	}
 	return nil
+}
+
+// sizesHere returns the payload sizes of the publish and consume scenarios
+// at the current distance.
+func (b *bench) sizesHere() []int {
+	if b.dist.delay > 0 && len(b.cfg.distanceSizes) > 0 {
+		return b.cfg.distanceSizes
+	}
+	return b.cfg.sizes
 }
 
 func (b *bench) printSample(rep int, scn scenario, name string, size int, s sample) {

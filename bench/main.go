@@ -3,7 +3,7 @@
 // writes the results as Markdown with an SVG chart.
 //
 //	go run -C bench . -out ../docs/benchmarks.md
-//	go run -C bench . -delays 0,1ms,2.5ms -out ../docs/benchmarks.md
+//	go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 -out ../docs/benchmarks.md
 //
 // Run it with -h for the flags.
 package main
@@ -37,7 +37,8 @@ default client, a handler per topic) and memory (heap over a backlog).
 
 Every scenario at loopback and at two simulated network distances:
 
-  go run -C bench . -delays 0,1ms,2.5ms -out ../docs/benchmarks.md
+  go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 \
+    -out ../docs/benchmarks.md
 
 Flags:
 `
@@ -58,6 +59,10 @@ type config struct {
 	cpuProfile string
 
 	delays []time.Duration // added to the server's replies; 0 is loopback
+	// at delays above 0: payload sizes (nil: sizes) and the most messages
+	// per publish or consume run (0: as at loopback)
+	distanceSizes    []int
+	distanceMessages int
 
 	latencyRates    []int
 	latencyDuration time.Duration
@@ -75,7 +80,7 @@ type config struct {
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
-	var sizes, memory, delays, rates, largeSizes, topics string
+	var sizes, memory, delays, distanceSizes, rates, largeSizes, topics string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -97,6 +102,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.stall, "stall", 30*time.Second, "fail a consume run when no message succeeded for this long")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&delays, "delays", "0", "network distances: delays added to the server's replies by a proxy, comma-separated (e.g. 0,1ms,2.5ms); 0 is plain loopback. Every scenario runs at each; the report gives each figure with the round trip measured there (median of 101 PINGs)")
+	fs.StringVar(&distanceSizes, "distance-sizes", "", "payload sizes of the publish and consume scenarios at delays above 0 (default: -sizes)")
+	fs.IntVar(&cfg.distanceMessages, "distance-messages", 0, "at delays above 0, at most this many messages per publish or consume run (default: as at loopback); a side that pays a round trip per message takes minutes per run at a few milliseconds")
 	fs.StringVar(&rates, "latency-rates", "1000,10000", "latency scenario: publish rates in messages per second, comma-separated")
 	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 5*time.Second, "latency scenario: how long to publish at each rate")
 	fs.StringVar(&largeSizes, "large-sizes", "65536,1048576", "consume-large scenario: payload sizes in bytes, comma-separated")
@@ -121,6 +128,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.delays, err = parseDurations(delays); err != nil {
 		return config{}, fmt.Errorf("-delays: %w", err)
 	}
+	if cfg.distanceSizes, err = parseInts(distanceSizes, seqDigits); err != nil {
+		return config{}, fmt.Errorf("-distance-sizes: %w", err)
+	}
 	if cfg.latencyRates, err = parseInts(rates, 1); err != nil {
 		return config{}, fmt.Errorf("-latency-rates: %w", err)
 	}
@@ -139,6 +149,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return config{}, errors.New("-stall must be at least 100ms")
 	case cfg.latencyDuration < 10*time.Millisecond:
 		return config{}, errors.New("-latency-duration must be at least 10ms")
+	case cfg.distanceMessages < 0:
+		return config{}, errors.New("-distance-messages must be at least 0")
 	case cfg.largeMiB < 1:
 		return config{}, errors.New("-large-mib must be at least 1")
 	case cfg.topicPeriod < time.Millisecond || cfg.topicRounds < 1:
@@ -151,6 +163,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg.args = args
 	return cfg, nil
+}
+
+// allSizes is every payload size the publish and consume scenarios run at,
+// at any distance.
+func (cfg config) allSizes() []int {
+	all := slices.Clone(cfg.sizes)
+	for _, size := range cfg.distanceSizes {
+		if !slices.Contains(all, size) {
+			all = append(all, size)
+		}
+	}
+	return all
 }
 
 // parseInts reads a comma-separated list of integers of at least least.

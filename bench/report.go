@@ -94,6 +94,16 @@ func (r report) writeSetup(w *strings.Builder) {
 	}
 	fmt.Fprintf(w, "| messages | %s per publish run, %s per consume run; payloads of %s bytes |\n",
 		groupThousands(int64(r.cfg.publishN)), groupThousands(int64(r.cfg.consumeN)), joinInts(r.cfg.sizes, ", "))
+	if len(r.cfg.delays) > 1 && (r.cfg.distanceMessages > 0 || len(r.cfg.distanceSizes) > 0) {
+		sizes, most := r.cfg.sizes, "as many messages"
+		if len(r.cfg.distanceSizes) > 0 {
+			sizes = r.cfg.distanceSizes
+		}
+		if r.cfg.distanceMessages > 0 {
+			most = "at most " + groupThousands(int64(r.cfg.distanceMessages)) + " messages per run"
+		}
+		fmt.Fprintf(w, "| at a distance | %s; payloads of %s bytes |\n", most, joinInts(sizes, ", "))
+	}
 	fmt.Fprintf(w, "| repetitions | %d; every figure is the median |\n", r.cfg.reps)
 	fmt.Fprintf(w, "| network distance | %s |\n\n", r.describeDistances())
 	w.WriteString("The server and both adapters share the machine's cores, so every figure\n" +
@@ -112,7 +122,7 @@ func (r report) writeThroughput(w *strings.Builder) {
 		if scn.nack || scn.kind != kindThroughput {
 			continue
 		}
-		for _, size := range r.cfg.sizes {
+		for _, size := range r.cfg.allSizes() {
 			for _, delay := range r.cfg.delays {
 				vs, okVS := r.res.medianRate(key{scn.id, sideValkeystream, size, delay})
 				inc, okInc := r.res.medianRate(key{scn.id, sideIncumbent, size, delay})
@@ -189,7 +199,7 @@ func (r report) writeNack(w *strings.Builder) {
 		"medians over the runs.\n\n", nackOneIn)
 	w.WriteString("| payload | round trip | side | msg/s | vs no Nack | Nacks per run | deliveries per message | tail | redelivery wait, mean | longest |\n")
 	w.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, size := range r.cfg.sizes {
+	for _, size := range r.cfg.allSizes() {
 		for _, delay := range r.cfg.delays {
 			for _, name := range nack.sides {
 				k := key{nack.id, name, size, delay}

@@ -178,15 +178,19 @@ func TestParseFlags(t *testing.T) {
 	if len(cfg.delays) != 1 || cfg.delays[0] != 0 || len(cfg.latencyRates) != 2 || len(cfg.largeSizes) != 2 || len(cfg.topicCounts) != 1 {
 		t.Errorf("defaults: delays %v, latency rates %v, large sizes %v, topics %v", cfg.delays, cfg.latencyRates, cfg.largeSizes, cfg.topicCounts)
 	}
-	cfg, err = parseFlags([]string{"-delays", "0,1ms,2.5ms", "-topics", "100,1000", "-large-sizes", "65536"}, io.Discard)
+	cfg, err = parseFlags([]string{"-delays", "0,1ms,2.5ms", "-topics", "100,1000", "-large-sizes", "65536",
+		"-sizes", "16,64", "-distance-sizes", "64,1024", "-distance-messages", "5000"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := joinInts(cfg.allSizes(), ","); got != "16,64,1024" || cfg.distanceMessages != 5000 {
+		t.Errorf("all sizes %s, distance messages %d; want 16,64,1024 and 5000", got, cfg.distanceMessages)
 	}
 	if len(cfg.delays) != 3 || cfg.delays[2] != 2500*time.Microsecond || len(cfg.topicCounts) != 2 || cfg.largeSizes[0] != 65536 {
 		t.Errorf("parsed delays %v, topics %v, large sizes %v", cfg.delays, cfg.topicCounts, cfg.largeSizes)
 	}
 	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"},
-		{"-delays", "1"}, {"-latency-rates", "0"}, {"-large-mib", "0"}, {"-topics-start", "10ms"}, {"-large-sizes", "4"}} {
+		{"-delays", "1"}, {"-distance-messages", "-1"}, {"-distance-sizes", "4"}, {"-latency-rates", "0"}, {"-large-mib", "0"}, {"-topics-start", "10ms"}, {"-large-sizes", "4"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) accepted it", bad)
 		}

@@ -7,7 +7,8 @@ const howToRun = "## How to run\n\n" +
 	"```sh\n" +
 	"go run -C bench . -out ../docs/benchmarks.md                      # redis-server\n" +
 	"go run -C bench . -server valkey-server -out ../docs/benchmarks.md\n" +
-	"go run -C bench . -delays 0,1ms,2.5ms -out ../docs/benchmarks.md   # at three distances\n" +
+	"go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 \\\n" +
+	"  -out ../docs/benchmarks.md                                       # at three distances\n" +
 	"```\n\n" +
 	"The program starts its own `redis-server` (or `-server valkey-server`) on a\n" +
 	"free loopback port without persistence, runs every scenario for every side,\n" +
@@ -29,6 +30,10 @@ const howToRun = "## How to run\n\n" +
 	"  once. Timers here fire about 1 ms late at the earliest, so the delay is\n" +
 	"  on one direction only, and the round trip it really gives (the median\n" +
 	"  of 101 PINGs through it) is measured and printed next to every figure.\n" +
+	"- `-distance-sizes 64`, `-distance-messages 10000`: at delays above 0, the\n" +
+	"  publish and consume scenarios' payload sizes and the most messages per\n" +
+	"  run (watermill-redisstream pays a round trip per message: 50,000 of them\n" +
+	"  take minutes at a few milliseconds).\n" +
 	"- `-latency-rates 1000,10000`, `-latency-duration 5s`: the latency\n" +
 	"  scenario's publish rates and how long each lasts.\n" +
 	"- `-large-sizes 65536,1048576`, `-large-mib 256`: the consume-large\n" +

@@ -37,13 +37,13 @@ const (
 	kindTopics
 )
 
-// sizes returns the payload sizes the scenario runs at: -sizes for
-// throughput, -large-sizes for large payloads, none otherwise (those pick
+// sizes returns the payload sizes the scenario runs at: -sizes and
+// -distance-sizes for throughput, -large-sizes for large payloads, none otherwise (those pick
 // their own).
 func (scn scenario) sizes(cfg config) []int {
 	switch scn.kind {
 	case kindThroughput:
-		return cfg.sizes
+		return cfg.allSizes()
 	case kindLarge:
 		return cfg.largeSizes
 	default:

@@ -26,17 +26,17 @@ const (
 // group is the consumer group every consume run reads through.
 const group = "bench"
 
-// prefillBatch is how many messages one untimed pre-fill round trip writes,
-// and prefillBytes the most payload bytes it writes (large payloads go a
-// few at a time).
+// prefillBatch is the most messages one untimed pre-fill round trip
+// writes, and prefillBytes the most payload bytes (large payloads go a few
+// at a time).
 const (
 	prefillBatch = 1000
 	prefillBytes = 8 << 20
 )
 
-// prefillBatch is how many of the corpus' messages one pre-fill round trip
+// fillBatch is how many of the corpus' messages one pre-fill round trip
 // writes.
-func (c corpus) prefillBatch() int { return max(1, min(prefillBatch, prefillBytes/c.size)) }
+func (c corpus) fillBatch() int { return max(1, min(prefillBatch, prefillBytes/c.size)) }
 
 // A side is one contender of a scenario. Each run of a side makes its own
 // clients in a scope.
@@ -162,7 +162,7 @@ func fillIncumbent(ctx context.Context, sc *scope, topic string, c corpus) error
 	// arguments) are pipelined.
 	client := sc.client()
 	marshaller := redisstream.DefaultMarshallerUnmarshaller{}
-	batch := c.prefillBatch()
+	batch := c.fillBatch()
 	for from := 0; from < c.n; from += batch {
 		pipe := client.Pipeline()
 		for _, msg := range c.messages(from, min(from+batch, c.n)) {
@@ -214,10 +214,10 @@ func prefillGoChannel(_ context.Context, sc *scope, topic string, c corpus) (mes
 	return pubSub, nil
 }
 
-// publishCorpus publishes the corpus with pub, c.prefillBatch() messages a
+// publishCorpus publishes the corpus with pub, c.fillBatch() messages a
 // call.
 func publishCorpus(ctx context.Context, pub message.Publisher, topic string, c corpus) error {
-	batch := c.prefillBatch()
+	batch := c.fillBatch()
 	for from := 0; from < c.n; from += batch {
 		if err := ctx.Err(); err != nil {
 			return err

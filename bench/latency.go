@@ -314,8 +314,8 @@ var errRouterNotRunning = errors.New("the router did not start its handlers")
 // returns stop with an error that wraps errRouterNotRunning, so that the
 // caller can look at the router before stopping it; when the router stops
 // by itself it returns the router's error, and stop is nil. stop closes the
-// router and waits (up to limit) for Run to return; it may be called more
-// than once.
+// router and waits (up to limit each) for Close and Run to return; it may be
+// called more than once.
 func runRouter(ctx context.Context, router *message.Router, limit time.Duration) (stop func() error, err error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	ran := make(chan error, 1)
@@ -324,13 +324,26 @@ func runRouter(ctx context.Context, router *message.Router, limit time.Duration)
 	var stopErr error
 	stop = func() error {
 		once.Do(func() {
-			closeErr := router.Close()
+			select {
+			case <-router.Running():
+			default:
+				// Still subscribing: Router.Close waits for the handler
+				// being subscribed, so end that first.
+				cancel()
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- router.Close() }()
+			var closeErr, runErr error
+			select {
+			case closeErr = <-closed:
+			case <-time.After(limit):
+				closeErr = fmt.Errorf("Router.Close did not return within %s", limit)
+			}
 			cancel()
-			var runErr error
 			select {
 			case runErr = <-ran:
 			case <-time.After(limit):
-				runErr = fmt.Errorf("the router did not stop within %s", limit)
+				runErr = fmt.Errorf("Router.Run did not return within %s", limit)
 			}
 			stopErr = errors.Join(closeErr, runErr)
 			if stopErr != nil {

@@ -3,7 +3,7 @@
 // writes the results as Markdown with an SVG chart.
 //
 //	go run -C bench . -out ../docs/benchmarks.md
-//	go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 -out ../docs/benchmarks.md
+//	go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 -out ../docs/benchmarks.md
 //
 // Run it with -h for the flags.
 package main
@@ -37,7 +37,7 @@ default client, a handler per topic) and memory (heap over a backlog).
 
 Every scenario at loopback and at two simulated network distances:
 
-  go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 \
+  go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 \
     -out ../docs/benchmarks.md
 
 Flags:
@@ -101,7 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.sides, "sides", "", "run only these sides, comma-separated (default: all): "+strings.Join(chartSides, ", "))
 	fs.DurationVar(&cfg.stall, "stall", 30*time.Second, "fail a consume run when no message succeeded for this long")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	fs.StringVar(&delays, "delays", "0", "network distances: delays added to the server's replies by a proxy, comma-separated (e.g. 0,1ms,2.5ms); 0 is plain loopback. Every scenario runs at each; the report gives each figure with the round trip measured there (median of 101 PINGs)")
+	fs.StringVar(&delays, "delays", "0", "network distances: delays added to the server's replies by a proxy, comma-separated (e.g. 0,1ms,2ms); 0 is plain loopback. Every scenario runs at each; the report gives each figure with the round trip measured there (median of 101 PINGs)")
 	fs.StringVar(&distanceSizes, "distance-sizes", "", "payload sizes of the publish and consume scenarios at delays above 0 (default: -sizes)")
 	fs.IntVar(&cfg.distanceMessages, "distance-messages", 0, "at delays above 0, at most this many messages per publish or consume run (default: as at loopback); a side that pays a round trip per message takes minutes per run at a few milliseconds")
 	fs.StringVar(&rates, "latency-rates", "1000,10000", "latency scenario: publish rates in messages per second, comma-separated")

@@ -7,7 +7,7 @@ const howToRun = "## How to run\n\n" +
 	"```sh\n" +
 	"go run -C bench . -out ../docs/benchmarks.md                      # redis-server\n" +
 	"go run -C bench . -server valkey-server -out ../docs/benchmarks.md\n" +
-	"go run -C bench . -delays 0,1ms,2.5ms -distance-sizes 64 -distance-messages 10000 \\\n" +
+	"go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 \\\n" +
 	"  -out ../docs/benchmarks.md                                       # at three distances\n" +
 	"```\n\n" +
 	"The program starts its own `redis-server` (or `-server valkey-server`) on a\n" +
@@ -24,12 +24,14 @@ const howToRun = "## How to run\n\n" +
 	"`consume-channel`, `consume-nack`, `latency`, `consume-large`, `many-topics`,\n" +
 	"`memory`), `-sides` (a subset of `valkeystream`, `watermill-redisstream`,\n" +
 	"`go-redis`, `gochannel`), `-stall`, `-cpuprofile`, and:\n\n" +
-	"- `-delays 0,1ms,2.5ms`: run every scenario at each network distance. A\n" +
+	"- `-delays 0,1ms,2ms`: run every scenario at each network distance. A\n" +
 	"  delay above 0 starts a proxy (a child process) in front of the server\n" +
 	"  that holds each of the server's replies for that long; requests pass at\n" +
 	"  once. Timers here fire about 1 ms late at the earliest, so the delay is\n" +
 	"  on one direction only, and the round trip it really gives (the median\n" +
-	"  of 101 PINGs through it) is measured and printed next to every figure.\n" +
+	"  of 101 PINGs through it) is measured and printed next to every figure;\n" +
+	"  the runtime's timers round a wait up to whole milliseconds, so 1ms gives\n" +
+	"  about 1.3 ms and 2ms about 2.6 ms on a 2-core Linux machine.\n" +
 	"- `-distance-sizes 64`, `-distance-messages 10000`: at delays above 0, the\n" +
 	"  publish and consume scenarios' payload sizes and the most messages per\n" +
 	"  run (watermill-redisstream pays a round trip per message: 50,000 of them\n" +

@@ -30,7 +30,7 @@ const howToRun = "## How to run\n\n" +
 	"  once. Timers here fire about 1 ms late at the earliest, so the delay is\n" +
 	"  on one direction only, and the round trip it really gives (the median\n" +
 	"  of 101 PINGs through it) is measured and printed next to every figure;\n" +
-	"  the runtime's timers round a wait up to whole milliseconds, so 1ms gives\n" +
+	"  waits here come out rounded up to whole milliseconds: 1ms gives\n" +
 	"  about 1.3 ms and 2ms about 2.6 ms on a 2-core Linux machine.\n" +
 	"- `-distance-sizes 64`, `-distance-messages 10000`: at delays above 0, the\n" +
 	"  publish and consume scenarios' payload sizes and the most messages per\n" +

@@ -52,31 +52,42 @@ func (r report) chartGroups() []barGroup {
 	size := r.chartSize()
 	var groups []barGroup
 	for _, scn := range r.scenarios {
-		g := barGroup{title: scn.title}
-		for _, name := range chartSides {
-			if !slices.Contains(scn.sides, name) {
-				continue
-			}
-			if v, ok := r.res.medianRate(key{scn.id, name, size}); ok && v > 0 {
-				g.bars = append(g.bars, bar{name, v})
-			}
+		if scn.kind != kindThroughput {
+			continue
 		}
-		if len(g.bars) > 0 {
-			groups = append(groups, g)
+		for _, delay := range r.cfg.delays {
+			g := barGroup{title: scn.title}
+			if len(r.cfg.delays) > 1 {
+				g.title += ", RTT " + r.rttCell(delay)
+			}
+			for _, name := range chartSides {
+				if !slices.Contains(scn.sides, name) {
+					continue
+				}
+				if v, ok := r.res.medianRate(key{scn.id, name, size, delay}); ok && v > 0 {
+					g.bars = append(g.bars, bar{name, v})
+				}
+			}
+			if len(g.bars) > 0 {
+				groups = append(groups, g)
+			}
 		}
 	}
 	return groups
 }
 
 func (r report) chartSVG() string {
-	return barChartSVG(fmt.Sprintf("Messages per second, %d-byte payloads, median of %s", r.chartSize(), plural(r.cfg.reps, "run")),
-		r.chartGroups())
+	title := fmt.Sprintf("Messages per second, %d-byte payloads, median of %s", r.chartSize(), plural(r.cfg.reps, "run"))
+	if len(r.cfg.delays) == 1 {
+		title += ", round trip " + r.rttCell(r.cfg.delays[0])
+	}
+	return barChartSVG(title, r.chartGroups())
 }
 
 // Chart geometry, in pixels.
 const (
 	chartWidth  = 900
-	labelWidth  = 250 // scenario titles, left of the plot
+	labelWidth  = 320 // scenario titles (with their round trip), left of the plot
 	valueWidth  = 80  // room for the value right of the longest bar
 	headHeight  = 64  // title and legend
 	footHeight  = 36  // axis labels

@@ -22,7 +22,7 @@ const pendingWait = 3 * time.Second
 // the side reading all of it, and checks that every message succeeded and
 // that nothing is left pending.
 func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus) (sample, error) {
-	sc := newScope(b.srv)
+	sc := newScope(b.dist.addr)
 	defer sc.close()
 	topic := b.topic(scn, sd, c)
 	defer b.cleanup(ctx, topic)

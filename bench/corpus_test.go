@@ -121,3 +121,15 @@ func TestTrackerBooks(t *testing.T) {
 		t.Errorf("nacked %d, delivered %d; want 1, 4", tr.nacked.Load(), tr.delivered.Load())
 	}
 }
+
+func TestFillBatchBoundsBytes(t *testing.T) {
+	for _, tc := range []struct{ size, want int }{{64, 1000}, {65536, 128}, {1 << 20, 8}, {64 << 20, 1}} {
+		c, err := newCorpus(1, 10, tc.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.fillBatch(); got != tc.want {
+			t.Errorf("fillBatch for %d-byte payloads = %d, want %d", tc.size, got, tc.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@
 // writes the results as Markdown with an SVG chart.
 //
 //	go run -C bench . -out ../docs/benchmarks.md
+//	go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 -out ../docs/benchmarks.md
 //
 // Run it with -h for the flags.
 package main
@@ -17,11 +18,30 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
+
+const usage = `Usage: go run -C bench . [flags]
+
+Measures valkeystream against watermill-redisstream (and go-redis alone and
+Watermill's gochannel as references) on a private server, and writes a
+Markdown report with an SVG chart. Scenarios: publish (64 goroutines, one,
+100 per call), consume (router, channel, 1% Nacked), latency (publish to
+handler at fixed rates), consume-large (64 KiB and 1 MiB payloads in a
+child process, with its peak RSS), many-topics (one Subscriber, one
+default client, a handler per topic) and memory (heap over a backlog).
+
+Every scenario at loopback and at two simulated network distances:
+
+  go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 \
+    -out ../docs/benchmarks.md
+
+Flags:
+`
 
 type config struct {
 	out, chart string
@@ -37,14 +57,36 @@ type config struct {
 	sides      string
 	stall      time.Duration
 	cpuProfile string
-	args       []string // as given, for the report
+
+	delays []time.Duration // added to the server's replies; 0 is loopback
+	// at delays above 0: payload sizes (nil: sizes) and the most messages
+	// per publish or consume run (0: as at loopback)
+	distanceSizes    []int
+	distanceMessages int
+
+	latencyRates    []int
+	latencyDuration time.Duration
+
+	largeSizes []int
+	largeMiB   int
+
+	topicCounts []int
+	topicPeriod time.Duration
+	topicRounds int
+	topicStart  time.Duration
+
+	args []string // as given, for the report
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
-	var sizes, memory string
+	var sizes, memory, delays, distanceSizes, rates, largeSizes, topics string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&cfg.out, "out", "", "write the Markdown report to this file (default: standard output)")
 	fs.StringVar(&cfg.chart, "chart", "", "write the SVG chart to this file (default: -out with the extension .svg; none when -out is empty)")
 	fs.StringVar(&cfg.serverBin, "server", "redis-server", "server binary to start privately: redis-server or valkey-server (a name on PATH or a path)")
@@ -59,6 +101,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.sides, "sides", "", "run only these sides, comma-separated (default: all): "+strings.Join(chartSides, ", "))
 	fs.DurationVar(&cfg.stall, "stall", 30*time.Second, "fail a consume run when no message succeeded for this long")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&delays, "delays", "0", "network distances: delays added to the server's replies by a proxy, comma-separated (e.g. 0,1ms,2ms); 0 is plain loopback. Every scenario runs at each; the report gives each figure with the round trip measured there (median of 101 PINGs)")
+	fs.StringVar(&distanceSizes, "distance-sizes", "", "payload sizes of the publish and consume scenarios at delays above 0 (default: -sizes)")
+	fs.IntVar(&cfg.distanceMessages, "distance-messages", 0, "at delays above 0, at most this many messages per publish or consume run (default: as at loopback); a side that pays a round trip per message takes minutes per run at a few milliseconds")
+	fs.StringVar(&rates, "latency-rates", "1000,10000", "latency scenario: publish rates in messages per second, comma-separated")
+	fs.DurationVar(&cfg.latencyDuration, "latency-duration", 5*time.Second, "latency scenario: how long to publish at each rate")
+	fs.StringVar(&largeSizes, "large-sizes", "65536,1048576", "consume-large scenario: payload sizes in bytes, comma-separated")
+	fs.IntVar(&cfg.largeMiB, "large-mib", 256, "consume-large scenario: MiB of payload per run (messages: this divided by the size, at least 10)")
+	fs.StringVar(&topics, "topics", "100", "many-topics scenario: topic counts, comma-separated (e.g. 100,1000)")
+	fs.DurationVar(&cfg.topicPeriod, "topics-period", time.Second, "many-topics scenario: one message per topic per period")
+	fs.IntVar(&cfg.topicRounds, "topics-rounds", 5, "many-topics scenario: periods to publish for")
+	fs.DurationVar(&cfg.topicStart, "topics-start", 30*time.Second, "many-topics scenario: how long to wait for every subscription to start before giving up on the run")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -72,6 +125,21 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.memoryNs, err = parseInts(memory, 1); err != nil {
 		return config{}, fmt.Errorf("-memory-entries: %w", err)
 	}
+	if cfg.delays, err = parseDurations(delays); err != nil {
+		return config{}, fmt.Errorf("-delays: %w", err)
+	}
+	if cfg.distanceSizes, err = parseInts(distanceSizes, seqDigits); err != nil {
+		return config{}, fmt.Errorf("-distance-sizes: %w", err)
+	}
+	if cfg.latencyRates, err = parseInts(rates, 1); err != nil {
+		return config{}, fmt.Errorf("-latency-rates: %w", err)
+	}
+	if cfg.largeSizes, err = parseInts(largeSizes, seqDigits); err != nil {
+		return config{}, fmt.Errorf("-large-sizes: %w", err)
+	}
+	if cfg.topicCounts, err = parseInts(topics, 1); err != nil {
+		return config{}, fmt.Errorf("-topics: %w", err)
+	}
 	switch {
 	case cfg.reps < 1:
 		return config{}, errors.New("-reps must be at least 1")
@@ -79,12 +147,34 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return config{}, errors.New("-publish-messages and -consume-messages must be at least 1")
 	case cfg.stall < 100*time.Millisecond:
 		return config{}, errors.New("-stall must be at least 100ms")
+	case cfg.latencyDuration < 10*time.Millisecond:
+		return config{}, errors.New("-latency-duration must be at least 10ms")
+	case cfg.distanceMessages < 0:
+		return config{}, errors.New("-distance-messages must be at least 0")
+	case cfg.largeMiB < 1:
+		return config{}, errors.New("-large-mib must be at least 1")
+	case cfg.topicPeriod < time.Millisecond || cfg.topicRounds < 1:
+		return config{}, errors.New("-topics-period must be at least 1ms and -topics-rounds at least 1")
+	case cfg.topicStart < time.Second:
+		return config{}, errors.New("-topics-start must be at least 1s")
 	}
 	if cfg.chart == "" && cfg.out != "" {
 		cfg.chart = strings.TrimSuffix(cfg.out, filepath.Ext(cfg.out)) + ".svg"
 	}
 	cfg.args = args
 	return cfg, nil
+}
+
+// allSizes is every payload size the publish and consume scenarios run at,
+// at any distance.
+func (cfg config) allSizes() []int {
+	all := slices.Clone(cfg.sizes)
+	for _, size := range cfg.distanceSizes {
+		if !slices.Contains(all, size) {
+			all = append(all, size)
+		}
+	}
+	return all
 }
 
 // parseInts reads a comma-separated list of integers of at least least.
@@ -107,8 +197,44 @@ func parseInts(list string, least int) ([]int, error) {
 	return xs, nil
 }
 
+// parseDurations reads a comma-separated list of durations of at least 0;
+// an empty list is loopback alone.
+func parseDurations(list string) ([]time.Duration, error) {
+	var ds []time.Duration
+	for f := range strings.SplitSeq(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		d, err := time.ParseDuration(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration such as 0, 800us or 2.5ms", f)
+		}
+		if d < 0 {
+			return nil, fmt.Errorf("%s is negative", d)
+		}
+		if slices.Contains(ds, d) {
+			return nil, fmt.Errorf("%s is given twice", d)
+		}
+		ds = append(ds, d)
+	}
+	if len(ds) == 0 {
+		ds = []time.Duration{0}
+	}
+	return ds, nil
+}
+
 func main() {
-	err := run(os.Args[1:])
+	target, delay, isProxy, err := proxySpec()
+	switch spec, isChild := childSpec(); {
+	case err != nil:
+	case isProxy:
+		err = runProxyChild(target, delay)
+	case isChild:
+		err = runChild(spec)
+	default:
+		err = run(os.Args[1:])
+	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return
@@ -133,6 +259,7 @@ func run(args []string) error {
 	if !memory {
 		cfg.memoryNs = nil
 	}
+
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
@@ -175,7 +302,8 @@ func run(args []string) error {
 
 	rep := report{
 		cfg: cfg, machine: mach, server: srv.describe(), scenarios: picked,
-		res: b.res, memory: b.memory, wall: time.Since(began), leaks: leaks,
+		res: b.res, memory: b.memory, latency: b.latency, topics: b.topics, rtts: b.rtts,
+		wall: time.Since(began), leaks: leaks,
 	}
 	return rep.write()
 }

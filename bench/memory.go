@@ -16,8 +16,9 @@ const memorySize = 64
 // consuming a pre-filled backlog of n entries from the channel, with the
 // process' heap sampled meanwhile.
 type memorySample struct {
-	n       int
-	elapsed time.Duration
+	n          int
+	elapsed    time.Duration
+	delay, rtt time.Duration // the distance it ran at
 
 	baseLive uint64 // live heap after the pre-fill and a forced GC
 	peakLive uint64 // highest live heap a GC reported during the run
@@ -97,7 +98,7 @@ func (b *bench) runMemory(ctx context.Context, n int) (memorySample, error) {
 		return memorySample{}, err
 	}
 	sd := sides[sideValkeystream]
-	sc := newScope(b.srv)
+	sc := newScope(b.dist.addr)
 	defer sc.close()
 	scn := scenario{id: memoryScenario}
 	topic := b.topic(scn, sd, c)

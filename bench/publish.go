@@ -13,7 +13,7 @@ import (
 // runPublish times publishing the corpus to a new topic with the side's
 // publisher, then checks that the stream holds every message.
 func (b *bench) runPublish(ctx context.Context, scn scenario, sd side, c corpus) (sample, error) {
-	sc := newScope(b.srv)
+	sc := newScope(b.dist.addr)
 	defer sc.close()
 	pub, err := sd.publisher(sc)
 	if err != nil {

@@ -17,6 +17,9 @@ type report struct {
 	scenarios []scenario
 	res       *results
 	memory    []memorySample
+	latency   []latencySample
+	topics    []topicsSample
+	rtts      map[time.Duration]time.Duration // round trip measured at each delay
 	wall      time.Duration
 	leaks     string
 	date      time.Time
@@ -65,6 +68,9 @@ func (r report) markdown(chartRef string) string {
 	r.writeThroughput(&w)
 	w.WriteString(bounds)
 	r.writeNack(&w)
+	r.writeLatency(&w)
+	r.writeLarge(&w)
+	r.writeTopics(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)
@@ -88,7 +94,18 @@ func (r report) writeSetup(w *strings.Builder) {
 	}
 	fmt.Fprintf(w, "| messages | %s per publish run, %s per consume run; payloads of %s bytes |\n",
 		groupThousands(int64(r.cfg.publishN)), groupThousands(int64(r.cfg.consumeN)), joinInts(r.cfg.sizes, ", "))
-	fmt.Fprintf(w, "| repetitions | %d; every figure is the median |\n\n", r.cfg.reps)
+	if len(r.cfg.delays) > 1 && (r.cfg.distanceMessages > 0 || len(r.cfg.distanceSizes) > 0) {
+		sizes, most := r.cfg.sizes, "as many messages"
+		if len(r.cfg.distanceSizes) > 0 {
+			sizes = r.cfg.distanceSizes
+		}
+		if r.cfg.distanceMessages > 0 {
+			most = "at most " + groupThousands(int64(r.cfg.distanceMessages)) + " messages per run"
+		}
+		fmt.Fprintf(w, "| at a distance | %s; payloads of %s bytes |\n", most, joinInts(sizes, ", "))
+	}
+	fmt.Fprintf(w, "| repetitions | %d; every figure is the median |\n", r.cfg.reps)
+	fmt.Fprintf(w, "| network distance | %s |\n\n", r.describeDistances())
 	w.WriteString("The server and both adapters share the machine's cores, so every figure\n" +
 		"includes the server's own work. Compare sides within one run; absolute\n" +
 		"figures move with the machine and its load.\n\n")
@@ -96,34 +113,36 @@ func (r report) writeSetup(w *strings.Builder) {
 
 // throughputRow is one line of the throughput table.
 type throughputRow struct {
-	scenario, size, vs, inc, ratio, ref, vsOfRef, incOfRef string
+	scenario, size, rtt, vs, inc, ratio, ref, vsOfRef, incOfRef string
 }
 
 func (r report) writeThroughput(w *strings.Builder) {
 	var rows []throughputRow
 	for _, scn := range r.scenarios {
-		if scn.nack {
+		if scn.nack || scn.kind != kindThroughput {
 			continue
 		}
-		for _, size := range r.cfg.sizes {
-			vs, okVS := r.res.medianRate(key{scn.id, sideValkeystream, size})
-			inc, okInc := r.res.medianRate(key{scn.id, sideIncumbent, size})
-			if !okVS && !okInc {
-				continue
-			}
-			row := throughputRow{
-				scenario: scn.title, size: fmt.Sprintf("%d B", size),
-				vs: rateCell(vs, okVS), inc: rateCell(inc, okInc), ratio: formatRatio(ratio(vs, inc)),
-				ref: "–", vsOfRef: "–", incOfRef: "–",
-			}
-			if name := scn.reference(); name != "" {
-				if ref, ok := r.res.medianRate(key{scn.id, name, size}); ok {
-					row.ref = name + " " + formatRate(ref)
-					row.vsOfRef = formatPercent(ratio(vs, ref))
-					row.incOfRef = formatPercent(ratio(inc, ref))
+		for _, size := range r.cfg.allSizes() {
+			for _, delay := range r.cfg.delays {
+				vs, okVS := r.res.medianRate(key{scn.id, sideValkeystream, size, delay})
+				inc, okInc := r.res.medianRate(key{scn.id, sideIncumbent, size, delay})
+				if !okVS && !okInc {
+					continue
 				}
+				row := throughputRow{
+					scenario: scn.title, size: fmt.Sprintf("%d B", size), rtt: r.rttCell(delay),
+					vs: rateCell(vs, okVS), inc: rateCell(inc, okInc), ratio: formatRatio(ratio(vs, inc)),
+					ref: "–", vsOfRef: "–", incOfRef: "–",
+				}
+				if name := scn.reference(); name != "" {
+					if ref, ok := r.res.medianRate(key{scn.id, name, size, delay}); ok {
+						row.ref = name + " " + formatRate(ref)
+						row.vsOfRef = formatPercent(ratio(vs, ref))
+						row.incOfRef = formatPercent(ratio(inc, ref))
+					}
+				}
+				rows = append(rows, row)
 			}
-			rows = append(rows, row)
 		}
 	}
 	if len(rows) == 0 {
@@ -136,18 +155,19 @@ func (r report) writeThroughput(w *strings.Builder) {
 		"pipelined), or reading with `XREADGROUP COUNT 100` and one `XACK` per\n"+
 		"batch; and, for the router, Watermill's in-memory gochannel through the\n"+
 		"same router. A reference is not a bound: an adapter that merges the\n"+
-		"round trips of concurrent calls can pass it.\n\n", plural(r.cfg.reps, "run"))
-	w.WriteString("| scenario | payload | valkeystream | watermill-redisstream | ratio | reference | valkeystream % of ref. | redisstream % of ref. |\n")
-	w.WriteString("|---|---:|---:|---:|---:|---|---:|---:|\n")
+		"round trips of concurrent calls can pass it. The round trip is the\n"+
+		"median PING time from the clients' side at that distance.\n\n", plural(r.cfg.reps, "run"))
+	w.WriteString("| scenario | payload | round trip | valkeystream | watermill-redisstream | ratio | reference | valkeystream % of ref. | redisstream % of ref. |\n")
+	w.WriteString("|---|---:|---:|---:|---:|---:|---|---:|---:|\n")
 	for _, row := range rows {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | **%s** | %s | %s | %s |\n",
-			row.scenario, row.size, row.vs, row.inc, row.ratio, row.ref, row.vsOfRef, row.incOfRef)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | **%s** | %s | %s | %s |\n",
+			row.scenario, row.size, row.rtt, row.vs, row.inc, row.ratio, row.ref, row.vsOfRef, row.incOfRef)
 	}
 	w.WriteString("\n")
 	if k, lo, hi, ok := r.res.widestSpread(); ok && r.cfg.reps > 1 {
 		fmt.Fprintf(w, "The widest spread between the runs of one measurement: %s, %s, %d B,\n"+
-			"from %s to %s msg/s (every run is listed at the end).\n\n",
-			k.scenario, k.side, k.size, formatRate(lo), formatRate(hi))
+			"round trip %s, from %s to %s msg/s (every run is listed at the end).\n\n",
+			k.scenario, k.side, k.size, r.rttCell(k.delay), formatRate(lo), formatRate(hi))
 	}
 }
 
@@ -177,24 +197,26 @@ func (r report) writeNack(w *strings.Builder) {
 		"message (mean within a run, and the longest). \"vs no Nack\" divides the\n"+
 		"rate by the same side's rate in the plain channel scenario. Durations are\n"+
 		"medians over the runs.\n\n", nackOneIn)
-	w.WriteString("| payload | side | msg/s | vs no Nack | Nacks per run | deliveries per message | tail | redelivery wait, mean | longest |\n")
-	w.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, size := range r.cfg.sizes {
-		for _, name := range nack.sides {
-			k := key{nack.id, name, size}
-			rate, ok := r.res.medianRate(k)
-			if !ok {
-				continue
+	w.WriteString("| payload | round trip | side | msg/s | vs no Nack | Nacks per run | deliveries per message | tail | redelivery wait, mean | longest |\n")
+	w.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, size := range r.cfg.allSizes() {
+		for _, delay := range r.cfg.delays {
+			for _, name := range nack.sides {
+				k := key{nack.id, name, size, delay}
+				rate, ok := r.res.medianRate(k)
+				if !ok {
+					continue
+				}
+				plain, _ := r.res.medianRate(key{"consume-channel", name, size, delay})
+				_, _, nacks, deliveries, messages := r.res.totals(k)
+				runs := int64(len(r.res.samples[k]))
+				fmt.Fprintf(w, "| %d B | %s | %s | %s | %s | %s | %.3f | %s | %s | %s |\n",
+					size, r.rttCell(delay), name, formatRate(rate), formatPercent(ratio(rate, plain)),
+					groupThousands(nacks/runs), float64(deliveries)/float64(messages),
+					formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.tail })),
+					formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.redeliveryMean })),
+					formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.redeliveryMax })))
 			}
-			plain, _ := r.res.medianRate(key{"consume-channel", name, size})
-			_, _, nacks, deliveries, messages := r.res.totals(k)
-			runs := int64(len(r.res.samples[k]))
-			fmt.Fprintf(w, "| %d B | %s | %s | %s | %s | %.3f | %s | %s | %s |\n",
-				size, name, formatRate(rate), formatPercent(ratio(rate, plain)),
-				groupThousands(nacks/runs), float64(deliveries)/float64(messages),
-				formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.tail })),
-				formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.redeliveryMean })),
-				formatDuration(r.res.medianDuration(k, func(s sample) time.Duration { return s.redeliveryMax })))
 		}
 	}
 	w.WriteString("\n")
@@ -213,15 +235,15 @@ func (r report) writeMemory(w *strings.Builder) {
 		"minus the start: what the subscriber holds. Heap objects also count\n"+
 		"garbage not yet collected; the collector lets that grow in proportion to\n"+
 		"the live heap, books included.\n\n", memorySize)
-	w.WriteString("| backlog | msg/s | live heap at start | live heap growth (peak) | heap objects growth (peak) | allocated per message | GC cycles |\n")
-	w.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
+	w.WriteString("| backlog | round trip | msg/s | live heap at start | live heap growth (peak) | heap objects growth (peak) | allocated per message | GC cycles |\n")
+	w.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range r.memory {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %d |\n",
-			groupThousands(int64(m.n)), formatRate(m.rate()), formatBytes(int64(m.baseLive)),
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			groupThousands(int64(m.n)), formatDuration(m.rtt), formatRate(m.rate()), formatBytes(int64(m.baseLive)),
 			formatBytes(m.liveGrowth()), formatBytes(m.heapGrowth()),
 			formatBytes(int64(m.allocs)/int64(m.n)), m.gcs)
 	}
-	if len(r.memory) > 1 {
+	if len(r.memory) > 1 && r.memory[0].delay == r.memory[len(r.memory)-1].delay {
 		first, last := r.memory[0], r.memory[len(r.memory)-1]
 		fmt.Fprintf(w, "\nLive heap growth: %s with a backlog of %s, %s with %s (%.0f× the backlog).\n",
 			formatBytes(first.liveGrowth()), groupThousands(int64(first.n)),
@@ -244,12 +266,24 @@ func (r report) writeChecks(w *strings.Builder) {
 			continue
 		}
 		for _, name := range scn.sides {
-			for _, size := range r.cfg.sizes {
-				dup, pending, _, _, _ := r.res.totals(key{scn.id, name, size})
-				if dup > 0 || pending > 0 {
-					lines = append(lines, fmt.Sprintf("| %s | %s | %d B | %d | %d |", scn.id, name, size, dup, pending))
+			for _, size := range scn.sizes(r.cfg) {
+				for _, delay := range r.cfg.delays {
+					dup, pending, _, _, _ := r.res.totals(key{scn.id, name, size, delay})
+					if dup > 0 || pending > 0 {
+						lines = append(lines, fmt.Sprintf("| %s, round trip %s | %s | %d B | %d | %d |", scn.id, r.rttCell(delay), name, size, dup, pending))
+					}
 				}
 			}
+		}
+	}
+	for _, l := range r.latency {
+		if l.dups > 0 {
+			lines = append(lines, fmt.Sprintf("| latency %d msg/s, round trip %s | %s | %d B | %d | – |", l.rate, r.rttCell(l.delay), l.side, latencySize, l.dups))
+		}
+	}
+	for _, t := range r.topics {
+		if t.dups > 0 {
+			lines = append(lines, fmt.Sprintf("| many-topics %d, round trip %s | %s | %d B | %d | – |", t.topics, r.rttCell(t.delay), t.side, latencySize, t.dups))
 		}
 	}
 	for _, m := range r.memory {
@@ -271,23 +305,47 @@ func (r report) writeChecks(w *strings.Builder) {
 
 func (r report) writeSamples(w *strings.Builder) {
 	w.WriteString("<details><summary>Every run (messages/s)</summary>\n\n")
-	w.WriteString("| scenario | side | payload | runs |\n|---|---|---:|---|\n")
+	w.WriteString("| scenario | side | payload | round trip | runs |\n|---|---|---:|---:|---|\n")
 	for _, scn := range r.scenarios {
-		for _, size := range r.cfg.sizes {
-			for _, name := range scn.sides {
-				ss := r.res.samples[key{scn.id, name, size}]
-				if len(ss) == 0 {
-					continue
+		for _, size := range scn.sizes(r.cfg) {
+			for _, delay := range r.cfg.delays {
+				for _, name := range scn.sides {
+					ss := r.res.samples[key{scn.id, name, size, delay}]
+					if len(ss) == 0 {
+						continue
+					}
+					rates := make([]string, len(ss))
+					for i, s := range ss {
+						rates[i] = formatRate(s.rate())
+					}
+					fmt.Fprintf(w, "| %s | %s | %d B | %s | %s |\n", scn.id, name, size, r.rttCell(delay), strings.Join(rates, ", "))
 				}
-				rates := make([]string, len(ss))
-				for i, s := range ss {
-					rates[i] = formatRate(s.rate())
-				}
-				fmt.Fprintf(w, "| %s | %s | %d B | %s |\n", scn.id, name, size, strings.Join(rates, ", "))
 			}
 		}
 	}
 	w.WriteString("\n</details>\n")
+}
+
+// rttCell is the round trip measured at delay, for a table.
+func (r report) rttCell(delay time.Duration) string {
+	rtt, ok := r.rtts[delay]
+	if !ok {
+		return "–"
+	}
+	return formatDuration(rtt)
+}
+
+// describeDistances names the distances of the run with their round trips.
+func (r report) describeDistances() string {
+	parts := make([]string, 0, len(r.cfg.delays))
+	for _, d := range r.cfg.delays {
+		if d == 0 {
+			parts = append(parts, "loopback (round trip "+r.rttCell(d)+")")
+		} else {
+			parts = append(parts, fmt.Sprintf("replies delayed %s by a proxy (round trip %s)", d, r.rttCell(d)))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // plural writes a count with its noun: "1 run", "3 runs".

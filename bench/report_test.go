@@ -40,19 +40,23 @@ func testReport(t *testing.T) report {
 	t.Helper()
 	res := newResults()
 	for _, scn := range scenarios {
+		if scn.kind != kindThroughput {
+			continue
+		}
 		for _, size := range []int{16, 64} {
 			for i, name := range scn.sides {
 				for rep := range 3 {
 					// 10000 messages in 100, 200 or 400 ms (times 1, 2 or 4 by side).
 					elapsed := time.Duration(100*(1<<i)*(1+rep%2)) * time.Millisecond
-					res.add(key{scn.id, name, size}, sample{n: 10000, elapsed: elapsed, nacks: 100, deliveries: 10100})
+					res.add(key{scn.id, name, size, 0}, sample{n: 10000, elapsed: elapsed, nacks: 100, deliveries: 10100})
 				}
 			}
 		}
 	}
 	return report{
 		cfg: config{reps: 3, sizes: []int{16, 64}, publishN: 20000, consumeN: 10000,
-			args: []string{"-out", "../docs/benchmarks.md"}},
+			delays: []time.Duration{0}, args: []string{"-out", "../docs/benchmarks.md"}},
+		rtts:      map[time.Duration]time.Duration{0: 42 * time.Microsecond},
 		machine:   machine{cpu: "Test CPU", cores: 2, gomaxprocs: 2, os: "TestOS", goVersion: "go1.26.8"},
 		server:    "Redis 7.0.15 (private, non-persistent, on loopback)",
 		scenarios: scenarios,
@@ -76,10 +80,11 @@ func TestMarkdown(t *testing.T) {
 		"| server | Redis 7.0.15 (private, non-persistent, on loopback) |",
 		"![Messages per second by scenario, 64-byte payloads](benchmarks.svg)",
 		// median of 100, 200, 100 ms: 100,000 msg/s; the incumbent's 50,000.
-		"| publish, 64 goroutines, 1 msg/call | 16 B | 100,000 | 50,000 | **2.00×** | go-redis 25,000 | 400% | 200% |",
-		"| consume, router handler | 64 B | 100,000 | 50,000 | **2.00×** | gochannel 25,000 | 400% | 200% |",
-		"| 64 B | valkeystream | 100,000 | 100% | 100 | 1.010 |",
-		"| 1,000,000 | 100,000 | 9.0 MiB | 1.0 MiB |",
+		"| network distance | loopback (round trip 42µs) |",
+		"| publish, 64 goroutines, 1 msg/call | 16 B | 42µs | 100,000 | 50,000 | **2.00×** | go-redis 25,000 | 400% | 200% |",
+		"| consume, router handler | 64 B | 42µs | 100,000 | 50,000 | **2.00×** | gochannel 25,000 | 400% | 200% |",
+		"| 64 B | 42µs | valkeystream | 100,000 | 100% | 100 | 1.010 |",
+		"| 1,000,000 | 0s | 100,000 | 9.0 MiB | 1.0 MiB |",
 		"Result: no duplicates, and nothing left pending, in any run.",
 		"<details>",
 	} {
@@ -94,11 +99,11 @@ func TestMarkdown(t *testing.T) {
 
 func TestMarkdownListsDuplicatesAndPending(t *testing.T) {
 	r := testReport(t)
-	k := key{"consume-channel", sideIncumbent, 64}
+	k := key{"consume-channel", sideIncumbent, 64, 0}
 	r.res.samples[k][1].duplicates = 2
 	r.res.samples[k][2].pending = 1
 	md := r.markdown("")
-	if !strings.Contains(md, "| consume-channel | watermill-redisstream | 64 B | 2 | 1 |") {
+	if !strings.Contains(md, "| consume-channel, round trip 42µs | watermill-redisstream | 64 B | 2 | 1 |") {
 		t.Error("the report does not list the duplicates and pending entries")
 	}
 	if strings.Contains(md, "no duplicates") || strings.Contains(md, "![") {
@@ -125,12 +130,14 @@ func TestChartIsWellFormedSVG(t *testing.T) {
 	// One background, four legend keys, and a bar per side of each scenario.
 	bars := 0
 	for _, scn := range scenarios {
-		bars += len(scn.sides)
+		if scn.kind == kindThroughput {
+			bars += len(scn.sides)
+		}
 	}
 	if want := 1 + 4 + bars; rects != want {
 		t.Errorf("the chart has %d rects, want %d", rects, want)
 	}
-	if !strings.Contains(svg, "64-byte payloads, median of 3 runs") {
+	if !strings.Contains(svg, "64-byte payloads, median of 3 runs, round trip 42µs") {
 		t.Error("the chart's title does not name the payload size and the runs")
 	}
 }
@@ -168,7 +175,22 @@ func TestParseFlags(t *testing.T) {
 	if cfg.chart != "../docs/benchmarks.svg" || len(cfg.sizes) != 2 || cfg.memoryNs != nil || cfg.reps != 3 {
 		t.Errorf("parsed %+v", cfg)
 	}
-	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"}} {
+	if len(cfg.delays) != 1 || cfg.delays[0] != 0 || len(cfg.latencyRates) != 2 || len(cfg.largeSizes) != 2 || len(cfg.topicCounts) != 1 {
+		t.Errorf("defaults: delays %v, latency rates %v, large sizes %v, topics %v", cfg.delays, cfg.latencyRates, cfg.largeSizes, cfg.topicCounts)
+	}
+	cfg, err = parseFlags([]string{"-delays", "0,1ms,2.5ms", "-topics", "100,1000", "-large-sizes", "65536",
+		"-sizes", "16,64", "-distance-sizes", "64,1024", "-distance-messages", "5000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := joinInts(cfg.allSizes(), ","); got != "16,64,1024" || cfg.distanceMessages != 5000 {
+		t.Errorf("all sizes %s, distance messages %d; want 16,64,1024 and 5000", got, cfg.distanceMessages)
+	}
+	if len(cfg.delays) != 3 || cfg.delays[2] != 2500*time.Microsecond || len(cfg.topicCounts) != 2 || cfg.largeSizes[0] != 65536 {
+		t.Errorf("parsed delays %v, topics %v, large sizes %v", cfg.delays, cfg.topicCounts, cfg.largeSizes)
+	}
+	for _, bad := range [][]string{{"-sizes", "4"}, {"-reps", "0"}, {"-sizes", "x"}, {"extra"},
+		{"-delays", "1"}, {"-distance-messages", "-1"}, {"-distance-sizes", "4"}, {"-latency-rates", "0"}, {"-large-mib", "0"}, {"-topics-start", "10ms"}, {"-large-sizes", "4"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) accepted it", bad)
 		}
@@ -179,5 +201,49 @@ func TestParseFlags(t *testing.T) {
 	picked, memory, err := selectScenarios("memory,publish-batch")
 	if err != nil || len(picked) != 1 || picked[0].id != "publish-batch" || !memory {
 		t.Errorf("selectScenarios = %v, %v, %v", picked, memory, err)
+	}
+}
+
+func TestMarkdownOfDistancesLatencyLargeAndTopics(t *testing.T) {
+	const ms = time.Millisecond
+	r := testReport(t)
+	r.cfg.delays = []time.Duration{0, ms}
+	r.cfg.latencyRates, r.cfg.latencyDuration = []int{1000}, 5*time.Second
+	r.cfg.largeSizes, r.cfg.largeMiB = []int{1 << 20}, 64
+	r.cfg.topicStart, r.cfg.topicPeriod, r.cfg.topicRounds = 30*time.Second, time.Second, 5
+	r.rtts[ms] = 1100 * time.Microsecond
+	r.res.add(key{"consume-router", sideValkeystream, 64, ms}, sample{n: 1000, elapsed: 100 * ms})
+	r.res.add(key{"consume-large", sideIncumbent, 1 << 20, ms}, sample{n: 64, elapsed: 2 * time.Second, peakRSS: 30 << 20})
+	r.latency = []latencySample{
+		{side: sideValkeystream, rate: 1000, delay: ms, achieved: 999, stats: latencyStats{n: 5000, p50: 2 * ms, p99: 4 * ms, max: 9 * ms}},
+		{side: sideIncumbent, rate: 1000, delay: ms, achieved: 1000, stats: latencyStats{n: 5000, p50: 3 * ms, p99: 8 * ms, max: 20 * ms}},
+	}
+	r.topics = []topicsSample{
+		{side: sideValkeystream, topics: 100, delay: 0, started: 100, startTime: 800 * ms, sent: 500,
+			stats: latencyStats{n: 500, p50: ms, p99: 3 * ms, max: 5 * ms}, poolSize: 20, peakConns: 4},
+		{side: sideIncumbent, topics: 1000, delay: ms, started: 175, startTime: 30 * time.Second, poolSize: 20, peakConns: 20, poolTimeouts: 12},
+	}
+	for _, sc := range scenarios {
+		if sc.kind != kindThroughput {
+			r.scenarios = append(r.scenarios, sc)
+		}
+	}
+	md := r.markdown("")
+	for _, want := range []string{
+		"| network distance | loopback (round trip 42µs); replies delayed 1ms by a proxy (round trip 1.1ms) |",
+		"| consume, router handler | 64 B | 1.1ms | 10,000 | – |",
+		"| 1.1ms | 1,000/s | valkeystream | 999 | 2ms | 4ms | 9ms | 0.50× |",
+		"| 1.1ms | 1,000/s | watermill-redisstream | 1,000 | 3ms | 8ms | 20ms | – |",
+		"| 1.0 MiB | 1.1ms | watermill-redisstream | 64 | 32 | 32.0 | 30.0 MiB |",
+		"| 100 | 42µs | valkeystream | 800ms | 1ms | 3ms | 5ms | 4 (20) | 0 |",
+		"| 1,000 | 1.1ms | watermill-redisstream | did not start 825 of 1000 within 30s | – | – | – | 20 (20) | 12 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	svg := r.chartSVG()
+	if !strings.Contains(svg, "consume, router handler, RTT 1.1ms") {
+		t.Error("the chart does not name the round trip of each group when there are several")
 	}
 }

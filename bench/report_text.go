@@ -7,6 +7,8 @@ const howToRun = "## How to run\n\n" +
 	"```sh\n" +
 	"go run -C bench . -out ../docs/benchmarks.md                      # redis-server\n" +
 	"go run -C bench . -server valkey-server -out ../docs/benchmarks.md\n" +
+	"go run -C bench . -delays 0,1ms,2ms -distance-sizes 64 -distance-messages 10000 \\\n" +
+	"  -out ../docs/benchmarks.md                                       # at three distances\n" +
 	"```\n\n" +
 	"The program starts its own `redis-server` (or `-server valkey-server`) on a\n" +
 	"free loopback port without persistence, runs every scenario for every side,\n" +
@@ -19,9 +21,35 @@ const howToRun = "## How to run\n\n" +
 	"Other flags (`go run -C bench . -h`): `-reps`, `-sizes`, `-publish-messages`,\n" +
 	"`-consume-messages`, `-memory-entries`, `-scenarios` (a comma-separated subset\n" +
 	"of " + "`publish-concurrent`, `publish-single`, `publish-batch`, `consume-router`,\n" +
-	"`consume-channel`, `consume-nack`, `memory`), `-sides` (a subset of\n" +
-	"`valkeystream`, `watermill-redisstream`, `go-redis`, `gochannel`), `-stall`,\n" +
-	"`-cpuprofile`. To see where valkeystream spends its time:\n\n" +
+	"`consume-channel`, `consume-nack`, `latency`, `consume-large`, `many-topics`,\n" +
+	"`memory`), `-sides` (a subset of `valkeystream`, `watermill-redisstream`,\n" +
+	"`go-redis`, `gochannel`), `-stall`, `-cpuprofile`, and:\n\n" +
+	"- `-delays 0,1ms,2ms`: run every scenario at each network distance. A\n" +
+	"  delay above 0 starts a proxy (a child process) in front of the server\n" +
+	"  that holds each of the server's replies for that long; requests pass at\n" +
+	"  once. Timers here fire about 1 ms late at the earliest, so the delay is\n" +
+	"  on one direction only, and the round trip it really gives (the median\n" +
+	"  of 101 PINGs through it) is measured and printed next to every figure;\n" +
+	"  waits here come out rounded up to whole milliseconds: 1ms gives\n" +
+	"  about 1.3 ms and 2ms about 2.6 ms on a 2-core Linux machine.\n" +
+	"- `-distance-sizes 64`, `-distance-messages 10000`: at delays above 0, the\n" +
+	"  publish and consume scenarios' payload sizes and the most messages per\n" +
+	"  run (watermill-redisstream pays a round trip per message: 50,000 of them\n" +
+	"  take minutes at a few milliseconds).\n" +
+	"- `-latency-rates 1000,10000`, `-latency-duration 5s`: the latency\n" +
+	"  scenario's publish rates and how long each lasts.\n" +
+	"- `-large-sizes 65536,1048576`, `-large-mib 256`: the consume-large\n" +
+	"  scenario's payload sizes and the payload volume of each run.\n" +
+	"- `-topics 100` (e.g. `100,1000`), `-topics-period 1s`, `-topics-rounds 5`,\n" +
+	"  `-topics-start 30s`: the many-topics scenario's topic counts, one message\n" +
+	"  per topic per period for that many periods, and how long to wait for\n" +
+	"  every subscription to start before reporting how many did not.\n\n" +
+	"A quick check of the newer scenarios at two distances:\n\n" +
+	"```sh\n" +
+	"go run -C bench . -reps 1 -scenarios latency,consume-large,many-topics -delays 0,1ms \\\n" +
+	"  -latency-duration 1s -large-mib 16 -topics 20 -topics-rounds 2\n" +
+	"```\n\n" +
+	"To see where valkeystream spends its time:\n\n" +
 	"```sh\n" +
 	"go run -C bench . -reps 1 -sizes 64 -scenarios consume-channel -sides valkeystream \\\n" +
 	"  -consume-messages 400000 -cpuprofile /tmp/cpu.out > /dev/null\n" +
@@ -57,6 +85,24 @@ const method = "## Method\n\n" +
 	"- The memory scenario runs first, before the others have left anything in\n" +
 	"  the heap (the Go runtime keeps the descriptor of every goroutine that\n" +
 	"  ever ran).\n" +
+	"- Network distance: with `-delays`, a proxy in a child process forwards\n" +
+	"  each connection to the server and releases each chunk of the server's\n" +
+	"  replies at its arrival plus the delay (a queue per connection, not a\n" +
+	"  sleep per chunk, so chunks in flight overlap as on a real link). The\n" +
+	"  round trip in every table is the median of 101 PINGs through it at the\n" +
+	"  start of that distance's runs. The admin client that checks and cleans\n" +
+	"  up after each run goes straight to the server.\n" +
+	"- Latency: one handler on a router; the side's own publisher (gochannel:\n" +
+	"  not persistent) publishes on a fixed schedule from 64 goroutines, one\n" +
+	"  message per call. Percentiles are by nearest rank.\n" +
+	"- Large payloads: the parent pre-fills the stream; a child process (this\n" +
+	"  program again) makes its own client and subscriber and consumes through\n" +
+	"  a router; its peak RSS is the kernel's figure for that process.\n" +
+	"- Many topics: the subscriber's client has go-redis' default options\n" +
+	"  (pool of 10 per CPU); the publisher has its own client. A router that\n" +
+	"  could not start every handler cannot close cleanly (Watermill counts a\n" +
+	"  handler that never subscribed as running), so such a run may leave two\n" +
+	"  of the router's goroutines behind.\n" +
 	"- Nack: the same as the channel scenario, with both adapters' default Nack\n" +
 	"  handling: watermill-redisstream sends the same message again from memory;\n" +
 	"  valkeystream claims the entry again on the server (`XCLAIM`, its delivery\n" +

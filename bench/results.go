@@ -18,6 +18,8 @@ type sample struct {
 
 	// from a Nack to the next delivery of the message: mean and longest
 	redeliveryMean, redeliveryMax time.Duration
+
+	peakRSS int64 // peak resident memory of the consuming process (large payloads)
 }
 
 // rate is messages per second.
@@ -33,6 +35,7 @@ type key struct {
 	scenario string
 	side     string
 	size     int
+	delay    time.Duration // added to the server's replies (0: loopback)
 }
 
 // results holds every sample of the benchmark, in the order they were taken.
@@ -131,5 +134,8 @@ func keyLess(a, b key) bool {
 	if a.side != b.side {
 		return a.side < b.side
 	}
-	return a.size < b.size
+	if a.size != b.size {
+		return a.size < b.size
+	}
+	return a.delay < b.delay
 }

@@ -39,7 +39,7 @@ func TestRatio(t *testing.T) {
 
 func TestResultsMedians(t *testing.T) {
 	r := newResults()
-	k := key{"consume-nack", sideValkeystream, 64}
+	k := key{"consume-nack", sideValkeystream, 64, 0}
 	for _, ms := range []int{100, 400, 200} { // 1000 messages each: 10000, 2500, 5000 msg/s
 		r.add(k, sample{n: 1000, elapsed: time.Duration(ms) * time.Millisecond, tail: time.Duration(ms) * time.Microsecond, nacks: 10, duplicates: 1})
 	}
@@ -49,7 +49,7 @@ func TestResultsMedians(t *testing.T) {
 	if got := r.medianDuration(k, func(s sample) time.Duration { return s.tail }); got != 200*time.Microsecond {
 		t.Errorf("median tail = %v, want 200µs", got)
 	}
-	if _, ok := r.medianRate(key{"consume-nack", sideIncumbent, 64}); ok {
+	if _, ok := r.medianRate(key{"consume-nack", sideIncumbent, 64, 0}); ok {
 		t.Error("medianRate reports samples for a key that has none")
 	}
 	dup, _, nacks, _, messages := r.totals(k)
@@ -79,8 +79,8 @@ func TestWidestSpread(t *testing.T) {
 	if _, _, _, ok := r.widestSpread(); ok {
 		t.Fatal("widestSpread found a spread in no results")
 	}
-	steady := key{"publish-batch", sideRaw, 64}
-	noisy := key{"publish-single", sideIncumbent, 16}
+	steady := key{"publish-batch", sideRaw, 64, 0}
+	noisy := key{"publish-single", sideIncumbent, 16, 0}
 	for _, ms := range []int{100, 110, 105} {
 		r.add(steady, sample{n: 1000, elapsed: time.Duration(ms) * time.Millisecond})
 	}

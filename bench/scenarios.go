@@ -12,6 +12,7 @@ type scenario struct {
 	id    string // as given to -scenarios
 	title string // as the report and the chart name it
 	sides []string
+	kind  scenarioKind
 
 	publish    bool
 	goroutines int // publish: goroutines calling Publish at once
@@ -19,6 +20,35 @@ type scenario struct {
 
 	router bool // consume: through a message.Router, else from the channel
 	nack   bool // consume: Nack the first delivery of one message in 100
+}
+
+// A scenarioKind says what a scenario measures and how it is reported.
+type scenarioKind int
+
+const (
+	// kindThroughput: messages per second, for each payload of -sizes.
+	kindThroughput scenarioKind = iota
+	// kindLatency: publish to handler at fixed rates, through a router.
+	kindLatency
+	// kindLarge: consume large payloads through a router in a child
+	// process, with its peak RSS.
+	kindLarge
+	// kindTopics: many topics on one Subscriber and one default client.
+	kindTopics
+)
+
+// sizes returns the payload sizes the scenario runs at: -sizes and
+// -distance-sizes for throughput, -large-sizes for large payloads, none otherwise (those pick
+// their own).
+func (scn scenario) sizes(cfg config) []int {
+	switch scn.kind {
+	case kindThroughput:
+		return cfg.allSizes()
+	case kindLarge:
+		return cfg.largeSizes
+	default:
+		return nil
+	}
 }
 
 // scenarios, in the order they run and are reported.
@@ -51,6 +81,21 @@ var scenarios = []scenario{
 		id: "consume-nack", title: "consume, channel, 1% Nacked once",
 		sides: []string{sideValkeystream, sideIncumbent},
 		nack:  true,
+	},
+	{
+		id: "latency", title: "end-to-end latency, router",
+		sides: []string{sideValkeystream, sideIncumbent, sideGoChannel},
+		kind:  kindLatency,
+	},
+	{
+		id: "consume-large", title: "consume large payloads, router",
+		sides: []string{sideValkeystream, sideIncumbent},
+		kind:  kindLarge,
+	},
+	{
+		id: "many-topics", title: "many topics, one Subscriber, router",
+		sides: []string{sideValkeystream, sideIncumbent},
+		kind:  kindTopics,
 	},
 }
 

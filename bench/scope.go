@@ -12,7 +12,7 @@ import (
 // A scope owns what one run of one side makes: its clients, publishers and
 // subscribers. close releases all of it, newest first.
 type scope struct {
-	srv     *server
+	addr    string // the server's, or a delay proxy's in front of it
 	clients []*redis.Client
 	closers []namedCloser
 }
@@ -22,11 +22,20 @@ type namedCloser struct {
 	close func() error
 }
 
-func newScope(srv *server) *scope { return &scope{srv: srv} }
+func newScope(addr string) *scope { return &scope{addr: addr} }
 
-// client returns a new client of the server, closed with the scope.
+// client returns a new client of the server (PoolSize poolSize), closed with
+// the scope.
 func (sc *scope) client() *redis.Client {
-	c := sc.srv.newClient()
+	c := redis.NewClient(&redis.Options{Addr: sc.addr, PoolSize: poolSize})
+	sc.clients = append(sc.clients, c)
+	return c
+}
+
+// defaultClient returns a new client of the server with go-redis' default
+// options, closed with the scope.
+func (sc *scope) defaultClient() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: sc.addr})
 	sc.clients = append(sc.clients, c)
 	return c
 }

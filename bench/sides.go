@@ -26,8 +26,17 @@ const (
 // group is the consumer group every consume run reads through.
 const group = "bench"
 
-// prefillBatch is how many messages one untimed pre-fill round trip writes.
-const prefillBatch = 1000
+// prefillBatch is the most messages one untimed pre-fill round trip
+// writes, and prefillBytes the most payload bytes (large payloads go a few
+// at a time).
+const (
+	prefillBatch = 1000
+	prefillBytes = 8 << 20
+)
+
+// fillBatch is how many of the corpus' messages one pre-fill round trip
+// writes.
+func (c corpus) fillBatch() int { return max(1, min(prefillBatch, prefillBytes/c.size)) }
 
 // A side is one contender of a scenario. Each run of a side makes its own
 // clients in a scope.
@@ -43,22 +52,29 @@ type side struct {
 	// timed) and returns the subscriber that will read it. nil for go-redis.
 	prefill func(ctx context.Context, sc *scope, topic string, c corpus) (message.Subscriber, error)
 
+	// fill and subscriber are the two halves of prefill, for the adapters:
+	// fill writes the corpus, subscriber makes a subscriber on client.
+	fill       func(ctx context.Context, sc *scope, topic string, c corpus) error
+	subscriber func(sc *scope, client *redis.Client) (message.Subscriber, error)
+
 	// rawPrefill and rawConsume are go-redis' own consume path: entries
 	// written and read without any adapter.
 	rawPrefill func(ctx context.Context, sc *scope, topic string, c corpus) error
 	rawConsume func(ctx context.Context, sc *scope, topic string, tr *tracker) error
 }
 
-var sides = map[string]side{
+var sides = withPrefill(map[string]side{
 	sideValkeystream: {
-		name:      sideValkeystream,
-		publisher: newValkeystreamPublisher,
-		prefill:   prefillValkeystream,
+		name:       sideValkeystream,
+		publisher:  newValkeystreamPublisher,
+		fill:       fillValkeystream,
+		subscriber: newValkeystreamSubscriber,
 	},
 	sideIncumbent: {
-		name:      sideIncumbent,
-		publisher: newIncumbentPublisher,
-		prefill:   prefillIncumbent,
+		name:       sideIncumbent,
+		publisher:  newIncumbentPublisher,
+		fill:       fillIncumbent,
+		subscriber: newIncumbentSubscriber,
 	},
 	sideGoChannel: {
 		name:      sideGoChannel,
@@ -73,6 +89,24 @@ var sides = map[string]side{
 		rawPrefill: prefillRaw,
 		rawConsume: consumeRaw,
 	},
+})
+
+// withPrefill sets the prefill of every adapter side from its fill and
+// subscriber.
+func withPrefill(sides map[string]side) map[string]side {
+	for name, sd := range sides {
+		if sd.fill == nil {
+			continue
+		}
+		sd.prefill = func(ctx context.Context, sc *scope, topic string, c corpus) (message.Subscriber, error) {
+			if err := sd.fill(ctx, sc, topic, c); err != nil {
+				return nil, err
+			}
+			return sd.subscriber(sc, sc.client())
+		}
+		sides[name] = sd
+	}
+	return sides
 }
 
 // valkeystream: the documented configuration, defaults otherwise.
@@ -86,16 +120,17 @@ func newValkeystreamPublisher(sc *scope) (message.Publisher, error) {
 	return pub, nil
 }
 
-func prefillValkeystream(ctx context.Context, sc *scope, topic string, c corpus) (message.Subscriber, error) {
+func fillValkeystream(ctx context.Context, sc *scope, topic string, c corpus) error {
 	pub, err := newValkeystreamPublisher(sc)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := publishCorpus(ctx, pub, topic, c); err != nil {
-		return nil, err
-	}
+	return publishCorpus(ctx, pub, topic, c)
+}
+
+func newValkeystreamSubscriber(sc *scope, client *redis.Client) (message.Subscriber, error) {
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client:        sc.client(),
+		Client:        client,
 		ConsumerGroup: group,
 		Start:         valkeystream.StartHead,
 	}, nil)
@@ -121,27 +156,32 @@ func newIncumbentPublisher(sc *scope) (message.Publisher, error) {
 	return pub, nil
 }
 
-func prefillIncumbent(ctx context.Context, sc *scope, topic string, c corpus) (message.Subscriber, error) {
+func fillIncumbent(ctx context.Context, sc *scope, topic string, c corpus) error {
 	// Its Publisher sends one XADD round trip per message; for the untimed
 	// pre-fill the same entries (its own marshaller, the same XADD
 	// arguments) are pipelined.
 	client := sc.client()
 	marshaller := redisstream.DefaultMarshallerUnmarshaller{}
-	for from := 0; from < c.n; from += prefillBatch {
+	batch := c.fillBatch()
+	for from := 0; from < c.n; from += batch {
 		pipe := client.Pipeline()
-		for _, msg := range c.messages(from, min(from+prefillBatch, c.n)) {
+		for _, msg := range c.messages(from, min(from+batch, c.n)) {
 			values, err := marshaller.Marshal(topic, msg)
 			if err != nil {
-				return nil, fmt.Errorf("encoding message %s for watermill-redisstream: %w", msg.UUID, err)
+				return fmt.Errorf("encoding message %s for watermill-redisstream: %w", msg.UUID, err)
 			}
 			pipe.XAdd(ctx, &redis.XAddArgs{Stream: topic, Values: values, Approx: true})
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("pre-filling %s: %w", topic, err)
+			return fmt.Errorf("pre-filling %s: %w", topic, err)
 		}
 	}
+	return nil
+}
+
+func newIncumbentSubscriber(sc *scope, client *redis.Client) (message.Subscriber, error) {
 	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-		Client:        sc.client(),
+		Client:        client,
 		ConsumerGroup: group,
 		OldestId:      "0",
 	}, watermill.NopLogger{})
@@ -174,13 +214,15 @@ func prefillGoChannel(_ context.Context, sc *scope, topic string, c corpus) (mes
 	return pubSub, nil
 }
 
-// publishCorpus publishes the corpus with pub, prefillBatch messages a call.
+// publishCorpus publishes the corpus with pub, c.fillBatch() messages a
+// call.
 func publishCorpus(ctx context.Context, pub message.Publisher, topic string, c corpus) error {
-	for from := 0; from < c.n; from += prefillBatch {
+	batch := c.fillBatch()
+	for from := 0; from < c.n; from += batch {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := pub.Publish(topic, c.messages(from, min(from+prefillBatch, c.n))...); err != nil {
+		if err := pub.Publish(topic, c.messages(from, min(from+batch, c.n))...); err != nil {
 			return fmt.Errorf("pre-filling %s: %w", topic, err)
 		}
 	}

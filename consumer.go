@@ -50,11 +50,12 @@ type groupLoop struct {
 	queue    []entry // fetched, not yet delivered, in order
 	inFlight string  // id of the entry being delivered or in a handler's hands, or ""
 
-	plan    fetchPlan
-	acks    ackBatch
-	lease   lease
-	retries retries
-	nackLog logLimit
+	plan     fetchPlan
+	prefetch prefetch
+	acks     ackBatch
+	lease    lease
+	retries  retries
+	nackLog  logLimit
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
@@ -68,6 +69,7 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		out:      out,
 		logger:   logger,
 		plan:     newFetchPlan(s.config.ClaimInterval),
+		prefetch: newPrefetch(s.config.BatchSize),
 		acks:     newAckBatch(s.config.AckFlushInterval),
 		lease:    newLease(s.config.ClaimMinIdle),
 		retries:  retries{sub: s, logger: logger},
@@ -275,7 +277,7 @@ func (l *groupLoop) readArgs(block time.Duration) *redis.XReadGroupArgs {
 		Group:    l.group,
 		Consumer: l.consumer,
 		Streams:  []string{l.key, ">"},
-		Count:    l.cfg.BatchSize,
+		Count:    l.prefetch.count(),
 		Block:    block,
 	}
 }
@@ -410,12 +412,15 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 		w.flush, w.renew = l.acks.due(), l.lease.due(true)
 		switch w.next(ctx) {
 		case evSent:
+			l.prefetch.handedOver(time.Now())
 			l.sub.stats.delivered.Add(1)
 			w.sent()
 			l.decodeNext()
 		case evAcked:
+			l.prefetch.settled(time.Now())
 			return acked
 		case evNacked:
+			l.prefetch.settled(time.Now())
 			return nacked
 		case evFlush:
 			l.flushWhileBusy(ctx)

@@ -44,9 +44,10 @@ func TestDeliveryMetadata(t *testing.T) {
 
 func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(2)
 	sub := e.subscriber("g", "c")
 	msgs := e.subscribe(sub)
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(2)
 
 	for want := 1; want <= 3; want++ {
 		m := receive(t, msgs)
@@ -149,11 +150,12 @@ func TestMessageContextEndsWhenSettled(t *testing.T) {
 // handed over, though the loop holds the rest of its batch.
 func TestAcksAtOnce(t *testing.T) {
 	e := newEnv(t)
-	e.publish(3)
 	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = valkeystream.AckAtOnce
 		c.ClaimMinIdle = time.Hour // no renewal sends the Acks
 	}))
+	e.warmUp(msgs)
+	e.publishAtOnce(3)
 	for i := range 3 {
 		m := receive(t, msgs)
 		// Batched Acks would be sent only after the next hand-over.
@@ -223,9 +225,10 @@ func TestStatsGaugesReadAheadAndInFlight(t *testing.T) {
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
 			e := newEnv(t)
-			e.publish(10)
 			sub := e.subscriber(group, "c", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
 			msgs := e.subscribe(sub)
+			e.warmUp(msgs)
+			e.publishAtOnce(10)
 			m := receive(t, msgs)
 			gauges := func() [2]int64 { s := sub.Stats(); return [2]int64{s.ReadAhead, s.InFlight} }
 			waitUntil(t, "9 read ahead and 1 in flight", func() bool { return gauges() == [2]int64{9, 1} })

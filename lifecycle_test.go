@@ -47,12 +47,13 @@ func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
 
 func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(2)
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
-		c.AckFlushInterval = time.Minute // only Close sends it
+		c.AckFlushInterval = time.Minute // only Close or a read sends it
 		c.ClaimMinIdle = 2 * time.Minute
 	})
 	msgs := e.subscribe(sub)
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(2)
 	m := receive(t, msgs)
 	m.Ack()
 	// The loop now waits to hand over the second message, holding the Ack.

@@ -2,6 +2,7 @@ package valkeystream_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,10 +18,7 @@ func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
 	e := newEnv(t)
 	held := e.publish(3)
 
-	first := e.subscriber("g", "worker")
-	m := receive(t, e.subscribe(first)) // the loop fetched all three
-	require.Equal(t, held[0].UUID, m.UUID)
-	require.NoError(t, first.Close()) // no Ack: a crash, as far as the group knows
+	e.readAs("g", "worker", 3) // read, never acknowledged: a crash
 	require.Len(t, e.pending("g"), 3)
 
 	newer := e.publish(2)
@@ -46,9 +44,7 @@ func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
 func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
 	e := newEnv(t)
 	sent := e.publish(3)
-	dead := e.subscriber("g", "dead")
-	receive(t, e.subscribe(dead))
-	require.NoError(t, dead.Close())
+	e.readAs("g", "dead", 3)
 
 	alive := e.subscriber("g", "alive", shortClaim)
 	msgs := e.subscribe(alive)
@@ -93,9 +89,10 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 
 func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(10)
 	slow := e.subscriber("g", "slow", leaseClaim)
 	msgs := e.subscribe(slow)
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(10)
 	first := receive(t, msgs) // the loop has fetched all ten in one batch
 	peerClient, claims := e.commandCounter("xautoclaim")
 	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim, onClient(peerClient))))
@@ -127,7 +124,6 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(3)
 	// Renewals every second. The claim beat runs once at the start and not
 	// again within the test, so nothing reclaims the entry from "other".
 	var scripts atomic.Int64 // script calls that have returned
@@ -144,6 +140,8 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(3)
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
@@ -164,9 +162,10 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(3)
 	sub := e.subscriber("g", "c", shortClaim)
 	msgs := e.subscribe(sub)
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(3)
 	m := receive(t, msgs)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
 	waitUntil(t, "a renewal notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
@@ -184,7 +183,6 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(2)
 	var scripts atomic.Int64 // script calls that have returned
 	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
@@ -200,6 +198,8 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
+	e.warmUp(msgs)
+	sent := e.publishAtOnce(2)
 	// Nobody takes the first message yet: the loop holds it, waiting to hand
 	// it over, and the second in its queue.
 	waitUntil(t, "both entries fetched", func() bool { return len(e.pending("g")) == 2 })
@@ -246,4 +246,48 @@ func TestNoReclaimNeverClaims(t *testing.T) {
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "gone", p[0].Consumer)
+}
+
+// Slow handlers share a backlog: a subscription reads ahead only what its
+// handler settles soon, so two workers with a 100 ms handler split 40
+// entries instead of the first taking them all.
+func TestSlowHandlersShareABacklog(t *testing.T) {
+	e := newEnv(t)
+	type worker struct {
+		name    string
+		reads   *atomic.Int64
+		handled atomic.Int64
+	}
+	workers := []*worker{{name: "w1"}, {name: "w2"}}
+	var total atomic.Int64
+	seen := sync.Map{}
+	for _, w := range workers {
+		client, reads := e.commandCounter("xreadgroup")
+		w.reads = reads
+		msgs := e.subscribe(e.subscriber("g", w.name, onClient(client)))
+		go func() {
+			for m := range msgs {
+				time.Sleep(100 * time.Millisecond) // the handler's work
+				if _, dup := seen.LoadOrStore(m.UUID, w.name); dup {
+					t.Errorf("message %s handled twice", m.UUID)
+				}
+				w.handled.Add(1)
+				total.Add(1)
+				m.Ack()
+			}
+		}()
+	}
+	// Both wait for new entries: the drain and a read have returned.
+	for _, w := range workers {
+		waitUntil(t, w.name+" reading", func() bool { return w.reads.Load() >= 2 })
+	}
+	const n = 40
+	e.publish(n)
+	waitUntil(t, "all handled", func() bool { return total.Load() == n })
+	for _, w := range workers {
+		got := w.handled.Load()
+		t.Logf("%s handled %d of %d", w.name, got, n)
+		assert.GreaterOrEqual(t, got, int64(n*30/100), "%s's share", w.name)
+		assert.LessOrEqual(t, got, int64(n*70/100), "%s's share", w.name)
+	}
 }

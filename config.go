@@ -36,10 +36,14 @@ const (
 	// before a message Nacked on its first delivery is delivered again. The
 	// wait doubles with each delivery, as the server counts them, up to
 	// NackBackoffMax.
-	DefaultNackBackoffMin = 100 * time.Millisecond
+	DefaultNackBackoffMin = 25 * time.Millisecond
 	// DefaultNackBackoffMax caps the wait before a Nacked message is
-	// delivered again, with the default NackResendDelay.
-	DefaultNackBackoffMax = 10 * time.Second
+	// delivered again, with the default NackResendDelay: a handler that
+	// always fails gets at most 10 deliveries a second. It is short because
+	// Watermill expects a Nacked message back soon (its test suite Nacks one
+	// message hundreds of times); raise it for a longer backoff, and give up
+	// on messages with [DeadLetter].
+	DefaultNackBackoffMax = 100 * time.Millisecond
 )
 
 // Sentinels for the fields where zero means the default and "off" or "at
@@ -200,8 +204,8 @@ type SubscriberConfig struct {
 	// does not wait. Acks and hold renewals go on meanwhile. Default (0): a
 	// backoff that grows with the delivery count, so that a handler that
 	// always fails does not spin: DefaultNackBackoffMin after the first
-	// delivery, doubling with each one (200 ms after the second, 400 ms after
-	// the third, ...), up to NackBackoffMax. To give up on a message, use
+	// delivery, doubling with each one (50 ms after the second, 100 ms after
+	// the third), up to NackBackoffMax. To give up on a message, use
 	// [DeadLetter].
 	NackResendDelay time.Duration
 

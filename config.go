@@ -44,6 +44,9 @@ const (
 	// message hundreds of times); raise it for a longer backoff, and give up
 	// on messages with [DeadLetter].
 	DefaultNackBackoffMax = 100 * time.Millisecond
+	// DefaultCloseGrace is how long a closing subscription waits for the
+	// message in a handler's hands to be Acked or Nacked.
+	DefaultCloseGrace = 5 * time.Second
 )
 
 // Sentinels for the fields where zero means the default and "off" or "at
@@ -58,6 +61,9 @@ const (
 	// NoReclaim, as SubscriberConfig.ClaimInterval, turns the claim beat
 	// off: the subscription never reclaims entries of other consumers.
 	NoReclaim time.Duration = -1
+	// NoCloseGrace, as SubscriberConfig.CloseGrace, ends a subscription
+	// without waiting for the message in a handler's hands.
+	NoCloseGrace time.Duration = -1
 	// NoDeadLetter, as SubscriberConfig.DeadLetterSuffix, turns the
 	// dead-lettering of undecodable entries off: such an entry is logged at
 	// Error level with its raw fields, counted and acknowledged.
@@ -233,6 +239,18 @@ type SubscriberConfig struct {
 	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
 	Unmarshaler Unmarshaler
 
+	// CloseGrace is how long a subscription that ends (Close, or its
+	// Subscribe context cancelled) waits for the message in a handler's
+	// hands to be Acked or Nacked. Its context stays alive meanwhile, and an
+	// Ack made within CloseGrace is sent, so a handler that finishes in time
+	// causes no redelivery. The entries read ahead and never handed to a
+	// handler (and one Nacked meanwhile) are handed back: marked idle, so
+	// that a peer reclaims them on its next claim beat rather than after
+	// ClaimMinIdle; their delivery counts do not grow. NoCloseGrace (-1)
+	// does not wait. Only used with ConsumerGroup. Default:
+	// DefaultCloseGrace.
+	CloseGrace time.Duration
+
 	// CloseClient makes Close close Client too. Default: false, the client
 	// stays open for its owner.
 	CloseClient bool
@@ -261,6 +279,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
+	}
+	if c.CloseGrace == 0 {
+		c.CloseGrace = DefaultCloseGrace
 	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = DefaultDeadLetterSuffix
@@ -293,6 +314,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries), or NoReclaim (-1)", ErrInvalidConfig, c.ClaimInterval)
 	case c.NackResendDelay < 0 && c.NackResendDelay != NackAtOnce:
 		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
+	case c.CloseGrace < 0 && c.CloseGrace != NoCloseGrace:
+		return fmt.Errorf("%w: CloseGrace is %s: it must be positive, 0 (the default) or NoCloseGrace (-1)", ErrInvalidConfig, c.CloseGrace)
 	case c.NackBackoffMax < 0:
 		return fmt.Errorf("%w: NackBackoffMax is %s: it must be positive, or 0 (the default)", ErrInvalidConfig, c.NackBackoffMax)
 	case c.AckFlushInterval < 0 && c.AckFlushInterval != AckAtOnce:

@@ -47,8 +47,10 @@ type groupLoop struct {
 	out      chan *message.Message
 	logger   watermill.LoggerAdapter
 
-	queue    []entry // fetched, not yet delivered, in order
-	inFlight string  // id of the entry being delivered or in a handler's hands, or ""
+	queue    []entry         // fetched, not yet delivered, in order
+	inFlight string          // id of the entry being delivered or in a handler's hands, or ""
+	giveBack []string        // ids to hand back when the loop ends (Nacked while closing)
+	msgBase  context.Context // parent of message contexts: the subscription's, without its cancellation
 
 	plan     fetchPlan
 	prefetch prefetch
@@ -83,6 +85,9 @@ const nackLogEvery = 10 * time.Second
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.flushOnExit()
+	// A message's context ends when it is settled, or when CloseGrace has
+	// passed after the subscription ended; deliver cancels it.
+	l.msgBase = context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 || l.plan.mustFetch() {
 			if err := l.fetch(ctx); err != nil {
@@ -363,7 +368,7 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
-		msgCtx, cancel := context.WithCancel(ctx)
+		msgCtx, cancel := context.WithCancel(l.msgBase)
 		msg.SetContext(msgCtx)
 		result := l.deliver(ctx, msg)
 		cancel()
@@ -383,6 +388,11 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		l.sub.stats.nacked.Add(1)
+		if ctx.Err() != nil {
+			// Nacked while the subscription ends: a peer takes it.
+			l.giveBack = append(l.giveBack, e.id)
+			return false
+		}
 		delay := nackDelay(l.cfg, e.count)
 		fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
 		if ok, held := l.nackLog.allow(time.Now()); ok {
@@ -406,8 +416,11 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 // waits until it is Acked or Nacked, sending due Acks and renewing the hold
 // on held entries meanwhile. An entry that a renewal finds taken over by
 // another consumer before the handler took it is not handed over (lost).
+// When ctx ends while the handler has the message, it waits up to
+// CloseGrace more for the Ack or Nack.
 func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 	w := waits{out: l.out, msg: msg}
+	closing := false
 	for {
 		w.flush, w.renew = l.acks.due(), l.lease.due(true)
 		switch w.next(ctx) {
@@ -418,6 +431,9 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 			l.decodeNext()
 		case evAcked:
 			l.prefetch.settled(time.Now())
+			if closing {
+				return ackedThenStopped
+			}
 			return acked
 		case evNacked:
 			l.prefetch.settled(time.Now())
@@ -431,7 +447,15 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 				return lost
 			}
 		case evStopped:
-			return w.stopped()
+			if closing || w.out != nil || l.cfg.CloseGrace < 0 {
+				return w.stopped()
+			}
+			// The handler has it: the calls made while it finishes get
+			// CloseGrace, as the wait does.
+			closing = true
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.cfg.CloseGrace)
+			defer cancel()
 		}
 	}
 }
@@ -653,20 +677,62 @@ func (l *groupLoop) settleAcks(cmd *redis.IntCmd) error {
 	return err
 }
 
+// flushOnExit sends the Acks not sent yet and hands back the entries the
+// loop holds and no handler has, in one round trip.
 func (l *groupLoop) flushOnExit() {
 	l.sub.stats.readAhead.Add(-int64(len(l.queue)))
 	l.acks.stop()
 	l.lease.stop()
-	if l.acks.len() == 0 {
+	for _, e := range l.queue {
+		l.giveBack = append(l.giveBack, e.id)
+	}
+	if l.acks.len() == 0 && len(l.giveBack) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
 	defer cancel()
-	if err := l.flushAcks(ctx); err != nil {
-		l.sub.stats.faults.Add(1)
-		l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
-			err, watermill.LogFields{"entries": l.acks.len()})
+	pipe := l.client.Pipeline()
+	var ack *redis.IntCmd
+	if l.acks.len() > 0 {
+		ack = l.acks.send(ctx, pipe, l.key, l.group)
 	}
+	var back *redis.Cmd
+	if len(l.giveBack) > 0 {
+		back = pipe.Do(ctx, handBackArgs(l.key, l.group, l.consumer, l.giveBack)...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if ack != nil {
+		if err := l.settleAcks(ack); err != nil {
+			l.sub.stats.faults.Add(1)
+			l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
+				err, watermill.LogFields{"entries": l.acks.len()})
+		}
+	}
+	if back != nil {
+		if err := back.Err(); err != nil {
+			l.sub.stats.faults.Add(1)
+			l.logger.Error("Handing back entries no handler has failed; peers reclaim them after ClaimMinIdle",
+				err, watermill.LogFields{"entries": len(l.giveBack)})
+		} else {
+			l.logger.Debug("Handed back entries no handler has", watermill.LogFields{"entries": len(l.giveBack)})
+		}
+	}
+}
+
+// handedBackIdle is the idle time given to entries handed back: longer than
+// any ClaimMinIdle, so that the next claim beat of a peer takes them.
+const handedBackIdle = 30 * 24 * time.Hour
+
+// handBackArgs is the call that hands entries ids back: XCLAIM on this
+// consumer's own name with JUSTID, which leaves the delivery count alone, and
+// an idle time no peer waits longer than.
+func handBackArgs(key, group, consumer string, ids []string) []any {
+	args := make([]any, 0, len(ids)+8)
+	args = append(args, "XCLAIM", key, group, consumer, 0)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return append(args, "IDLE", handedBackIdle.Milliseconds(), "JUSTID")
 }
 
 // fault handles a failed call: it re-runs the group door when the group or

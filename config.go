@@ -144,9 +144,14 @@ func ParseStartPosition(s string) (StartPosition, error) {
 type SubscriberConfig struct {
 	// Client is the connection to the server: a *redis.Client,
 	// *redis.ClusterClient, a Sentinel failover client or a ring. Required.
-	// Every running subscription holds one of its connections while it
-	// blocks for new entries, so its PoolSize must exceed the number of
-	// subscriptions running at once.
+	// A consumer-group subscription sends its blocking reads of new entries
+	// through a client of its own, made from this client's options (one
+	// connection), so that Close ends a blocked read at once; the hooks
+	// added to this client (AddHook) do not see those reads. With a client
+	// of another type (a ring) the blocking reads use this client, and each
+	// running subscription holds one of its connections while it blocks, so
+	// its PoolSize must exceed the number of subscriptions running at once;
+	// a fan-out subscription always does.
 	Client redis.UniversalClient
 
 	// ConsumerGroup is the consumer group the subscriptions read through.

@@ -41,6 +41,7 @@ type groupLoop struct {
 	sub      *Subscriber
 	cfg      *SubscriberConfig
 	client   redis.UniversalClient
+	reader   blockingReader // for the blocking read of new entries
 	key      string
 	group    string
 	consumer string
@@ -65,6 +66,7 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		sub:      s,
 		cfg:      &s.config,
 		client:   s.config.Client,
+		reader:   newBlockingReader(s.config.Client),
 		key:      key,
 		group:    s.config.ConsumerGroup,
 		consumer: consumer,
@@ -85,6 +87,7 @@ const nackLogEvery = 10 * time.Second
 func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.flushOnExit()
+	defer l.reader.interruptOn(ctx)()
 	// A message's context ends when it is settled, or when CloseGrace has
 	// passed after the subscription ended; deliver cancels it.
 	l.msgBase = context.WithoutCancel(ctx)
@@ -264,7 +267,7 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 			return nil
 		}
 	}
-	streams, err := l.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
+	streams, err := l.reader.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}

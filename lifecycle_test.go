@@ -335,3 +335,26 @@ func TestRouterCloseDuringAHandlerRedeliversNothing(t *testing.T) {
 	assert.Equal(t, int64(1), handled.Load())
 	assert.Empty(t, e.pending("g"), "the Ack made while the router closed was sent")
 }
+
+// Close ends a blocked read at once: an idle subscription with a one-minute
+// BlockTime closes long before the read would have ended by itself.
+func TestCloseEndsABlockedReadAtOnce(t *testing.T) {
+	e := newEnv(t)
+	client, reads := e.commandCounter("xreadgroup")
+	sub := e.subscriber("g", "c", onClient(client), func(c *valkeystream.SubscriberConfig) {
+		c.BlockTime = time.Minute
+		c.ClaimMinIdle = 2 * time.Minute
+	})
+	msgs := e.subscribe(sub)
+	// The drain has returned; the blocking read goes through the
+	// subscription's own client, which the hook does not see.
+	waitUntil(t, "the drain", func() bool { return reads.Load() >= 1 })
+	time.Sleep(100 * time.Millisecond) // into the blocking read
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	t.Logf("Close of an idle subscription took %s", took)
+	assert.Less(t, took, 30*time.Second, "Close waited out the blocking read")
+	_, open := <-msgs
+	assert.False(t, open)
+}

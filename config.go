@@ -44,6 +44,9 @@ const (
 	// message hundreds of times); raise it for a longer backoff, and give up
 	// on messages with [DeadLetter].
 	DefaultNackBackoffMax = 100 * time.Millisecond
+	// DefaultPrefetchWindow is how much of the handler's time one read of
+	// new entries asks for (see SubscriberConfig.PrefetchWindow).
+	DefaultPrefetchWindow = 10 * time.Millisecond
 	// DefaultCloseGrace is how long a closing subscription waits for the
 	// message in a handler's hands to be Acked or Nacked.
 	DefaultCloseGrace = 5 * time.Second
@@ -61,6 +64,9 @@ const (
 	// NoReclaim, as SubscriberConfig.ClaimInterval, turns the claim beat
 	// off: the subscription never reclaims entries of other consumers.
 	NoReclaim time.Duration = -1
+	// FullBatches, as SubscriberConfig.PrefetchWindow, makes every read of
+	// new entries ask for BatchSize, however slow the handler.
+	FullBatches time.Duration = -1
 	// NoCloseGrace, as SubscriberConfig.CloseGrace, ends a subscription
 	// without waiting for the message in a handler's hands.
 	NoCloseGrace time.Duration = -1
@@ -186,6 +192,18 @@ type SubscriberConfig struct {
 	// fetched but undelivered entries than this. Default: DefaultBatchSize.
 	BatchSize int64
 
+	// PrefetchWindow sizes the reads of new entries by how fast the handler
+	// settles messages (from hand-over to Ack or Nack, averaged over the
+	// last few): a read asks for about as many entries as the handler
+	// settles in this time, at least 1 and at most BatchSize, and 1 before
+	// it has settled any. So a fast handler reads whole batches, while a
+	// slow one (10 ms or more a message, with the default) reads one entry
+	// at a time and leaves a backlog to its peers, and a crash strands
+	// little. FullBatches (-1) always asks for BatchSize. Drains and claims
+	// always ask for BatchSize. Only used with ConsumerGroup. Default:
+	// DefaultPrefetchWindow.
+	PrefetchWindow time.Duration
+
 	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
 	// cancelled Subscribe context wait up to about this long for a read in
 	// progress (go-redis cannot interrupt it). It cannot be infinite, and
@@ -285,6 +303,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.AckFlushInterval == 0 {
 		c.AckFlushInterval = DefaultAckFlushInterval
 	}
+	if c.PrefetchWindow == 0 {
+		c.PrefetchWindow = DefaultPrefetchWindow
+	}
 	if c.CloseGrace == 0 {
 		c.CloseGrace = DefaultCloseGrace
 	}
@@ -319,6 +340,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries), or NoReclaim (-1)", ErrInvalidConfig, c.ClaimInterval)
 	case c.NackResendDelay < 0 && c.NackResendDelay != NackAtOnce:
 		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
+	case c.PrefetchWindow < 0 && c.PrefetchWindow != FullBatches:
+		return fmt.Errorf("%w: PrefetchWindow is %s: it must be positive, 0 (the default) or FullBatches (-1)", ErrInvalidConfig, c.PrefetchWindow)
 	case c.CloseGrace < 0 && c.CloseGrace != NoCloseGrace:
 		return fmt.Errorf("%w: CloseGrace is %s: it must be positive, 0 (the default) or NoCloseGrace (-1)", ErrInvalidConfig, c.CloseGrace)
 	case c.NackBackoffMax < 0:

@@ -73,7 +73,7 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		out:      out,
 		logger:   logger,
 		plan:     newFetchPlan(s.config.ClaimInterval),
-		prefetch: newPrefetch(s.config.BatchSize),
+		prefetch: newPrefetch(s.config.BatchSize, s.config.PrefetchWindow),
 		acks:     newAckBatch(s.config.AckFlushInterval),
 		lease:    newLease(s.config.ClaimMinIdle),
 		retries:  retries{sub: s, logger: logger},
@@ -387,6 +387,10 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return false
 		case stopped:
 			return false
+		case unsent:
+			// No handler has seen it: a peer takes it.
+			l.giveBack = append(l.giveBack, e.id)
+			return false
 		case lost:
 			return true
 		}
@@ -450,7 +454,10 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 				return lost
 			}
 		case evStopped:
-			if closing || w.out != nil || l.cfg.CloseGrace < 0 {
+			if w.out != nil {
+				return unsent
+			}
+			if closing || l.cfg.CloseGrace < 0 {
 				return w.stopped()
 			}
 			// The handler has it: the calls made while it finishes get

@@ -44,9 +44,8 @@ func TestDeliveryMetadata(t *testing.T) {
 
 func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
 	e := newEnv(t)
-	sub := e.subscriber("g", "c")
+	sub := e.subscriber("g", "c", fullBatches)
 	msgs := e.subscribe(sub)
-	e.warmUp(msgs)
 	sent := e.publishAtOnce(2)
 
 	for want := 1; want <= 3; want++ {
@@ -150,11 +149,10 @@ func TestMessageContextEndsWhenSettled(t *testing.T) {
 // handed over, though the loop holds the rest of its batch.
 func TestAcksAtOnce(t *testing.T) {
 	e := newEnv(t)
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = valkeystream.AckAtOnce
 		c.ClaimMinIdle = time.Hour // no renewal sends the Acks
 	}))
-	e.warmUp(msgs)
 	e.publishAtOnce(3)
 	for i := range 3 {
 		m := receive(t, msgs)
@@ -225,9 +223,8 @@ func TestStatsGaugesReadAheadAndInFlight(t *testing.T) {
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
 			e := newEnv(t)
-			sub := e.subscriber(group, "c", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
+			sub := e.subscriber(group, "c", fullBatches, func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
 			msgs := e.subscribe(sub)
-			e.warmUp(msgs)
 			e.publishAtOnce(10)
 			m := receive(t, msgs)
 			gauges := func() [2]int64 { s := sub.Stats(); return [2]int64{s.ReadAhead, s.InFlight} }

@@ -399,13 +399,9 @@ func (e *env) readAs(group, consumer string, n int64) []redis.XMessage {
 	return streams[0].Messages
 }
 
-// warmUp publishes 20 messages and receives and Acks each at once, so that
-// the subscription has learned that its handler is fast and reads whole
-// batches ahead from then on (see prefetch.go).
-func (e *env) warmUp(msgs <-chan *message.Message) {
-	e.t.Helper()
-	receiveAll(e.t, msgs, len(e.publish(20)))
-}
+// fullBatches makes a Subscriber read whole batches ahead however slow the
+// handler, so that a test can hold entries in its queue.
+func fullBatches(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = valkeystream.FullBatches }
 
 // publishAtOnce adds n messages in one MULTI/EXEC, so that a reader blocked
 // on the stream wakes up to all of them at once, and returns them.

@@ -2,38 +2,39 @@ package valkeystream
 
 import "time"
 
-// prefetchWindow is how much of the handler's time a subscription reads
-// ahead: a read of new entries asks for about as many as the handler settles
-// in this time.
-const prefetchWindow = 100 * time.Millisecond
-
 // prefetch sizes a group loop's reads by how fast its handler settles
 // messages, so that a slow handler does not hoard entries that idle peers
 // could handle, and a crash strands little: a read asks for what the handler
-// is expected to settle within prefetchWindow, at least 1 and at most
-// BatchSize. Before the first message is settled it asks for 1. The time a
+// is expected to settle within window (PrefetchWindow), at least 1 and at
+// most BatchSize. Before the first message is settled it asks for 1. A
+// negative window asks for BatchSize always. The time a
 // message takes is from its hand-over to its Ack or Nack, averaged over the
 // last few messages. Drains and claims take up to BatchSize: they recover
 // entries that have waited already, and a drain reads only this consumer's
 // own.
 type prefetch struct {
 	max     int64
+	window  time.Duration
 	avg     time.Duration // moving average of the settle time; 0 before the first
 	handled bool          // avg holds a measure
 	since   time.Time     // hand-over of the message in the handler's hands
 }
 
-func newPrefetch(batchSize int64) prefetch { return prefetch{max: batchSize} }
+func newPrefetch(batchSize int64, window time.Duration) prefetch {
+	return prefetch{max: batchSize, window: window}
+}
 
 // count returns how many entries the next read asks for.
 func (p *prefetch) count() int64 {
-	if !p.handled {
+	switch {
+	case p.window < 0:
+		return p.max
+	case !p.handled:
 		return 1
-	}
-	if p.avg <= 0 {
+	case p.avg <= 0:
 		return p.max
 	}
-	return min(max(int64(prefetchWindow/p.avg), 1), p.max)
+	return min(max(int64(p.window/p.avg), 1), p.max)
 }
 
 // handedOver records that the handler took a message at now.

@@ -89,9 +89,8 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 
 func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	e := newEnv(t)
-	slow := e.subscriber("g", "slow", leaseClaim)
+	slow := e.subscriber("g", "slow", fullBatches, leaseClaim)
 	msgs := e.subscribe(slow)
-	e.warmUp(msgs)
 	sent := e.publishAtOnce(10)
 	first := receive(t, msgs) // the loop has fetched all ten in one batch
 	peerClient, claims := e.commandCounter("xautoclaim")
@@ -136,11 +135,10 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 			return err
 		}
 	}))
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
-	e.warmUp(msgs)
 	sent := e.publishAtOnce(3)
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
@@ -162,9 +160,8 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sub := e.subscriber("g", "c", shortClaim)
+	sub := e.subscriber("g", "c", fullBatches, shortClaim)
 	msgs := e.subscribe(sub)
-	e.warmUp(msgs)
 	sent := e.publishAtOnce(3)
 	m := receive(t, msgs)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
@@ -194,11 +191,10 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 		}
 	}))
 	// Renewals every second; the claim beat runs once at the start only.
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
-	e.warmUp(msgs)
 	sent := e.publishAtOnce(2)
 	// Nobody takes the first message yet: the loop holds it, waiting to hand
 	// it over, and the second in its queue.
@@ -255,15 +251,15 @@ func TestSlowHandlersShareABacklog(t *testing.T) {
 	e := newEnv(t)
 	type worker struct {
 		name    string
-		reads   *atomic.Int64
+		claims  *atomic.Int64
 		handled atomic.Int64
 	}
 	workers := []*worker{{name: "w1"}, {name: "w2"}}
 	var total atomic.Int64
 	seen := sync.Map{}
 	for _, w := range workers {
-		client, reads := e.commandCounter("xreadgroup")
-		w.reads = reads
+		client, claims := e.commandCounter("xautoclaim")
+		w.claims = claims
 		msgs := e.subscribe(e.subscriber("g", w.name, onClient(client)))
 		go func() {
 			for m := range msgs {
@@ -277,9 +273,11 @@ func TestSlowHandlersShareABacklog(t *testing.T) {
 			}
 		}()
 	}
-	// Both wait for new entries: the drain and a read have returned.
+	// Both are about to read new entries: their drain and first claim beat
+	// have returned. (Whether a read blocks already does not matter: before
+	// its handler has settled anything, a subscription reads one entry.)
 	for _, w := range workers {
-		waitUntil(t, w.name+" reading", func() bool { return w.reads.Load() >= 2 })
+		waitUntil(t, w.name+" past its first claim", func() bool { return w.claims.Load() >= 1 })
 	}
 	const n = 40
 	e.publish(n)

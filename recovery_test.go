@@ -2,6 +2,7 @@ package valkeystream_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -245,25 +246,38 @@ func TestNoReclaimNeverClaims(t *testing.T) {
 }
 
 // Slow handlers share a backlog: a subscription reads ahead only what its
-// handler settles soon, so two workers with a 100 ms handler split 40
-// entries instead of the first taking them all.
+// handler settles soon, so workers with a slow handler split a backlog
+// instead of the first taking it all.
 func TestSlowHandlersShareABacklog(t *testing.T) {
+	for _, tt := range []struct {
+		workers, entries int
+		handler          time.Duration
+	}{{2, 40, 100 * time.Millisecond}, {4, 200, 50 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("%d workers, %d entries, %s", tt.workers, tt.entries, tt.handler), func(t *testing.T) {
+			testSlowHandlersShare(t, tt.workers, tt.entries, tt.handler)
+		})
+	}
+}
+
+func testSlowHandlersShare(t *testing.T, workers, entries int, handler time.Duration) {
 	e := newEnv(t)
 	type worker struct {
 		name    string
 		claims  *atomic.Int64
 		handled atomic.Int64
 	}
-	workers := []*worker{{name: "w1"}, {name: "w2"}}
 	var total atomic.Int64
 	seen := sync.Map{}
-	for _, w := range workers {
+	all := make([]*worker, workers)
+	for i := range all {
+		w := &worker{name: fmt.Sprintf("w%d", i+1)}
+		all[i] = w
 		client, claims := e.commandCounter("xautoclaim")
 		w.claims = claims
 		msgs := e.subscribe(e.subscriber("g", w.name, onClient(client)))
 		go func() {
 			for m := range msgs {
-				time.Sleep(100 * time.Millisecond) // the handler's work
+				time.Sleep(handler) // the handler's work
 				if _, dup := seen.LoadOrStore(m.UUID, w.name); dup {
 					t.Errorf("message %s handled twice", m.UUID)
 				}
@@ -273,19 +287,21 @@ func TestSlowHandlersShareABacklog(t *testing.T) {
 			}
 		}()
 	}
-	// Both are about to read new entries: their drain and first claim beat
+	// All are about to read new entries: their drain and first claim beat
 	// have returned. (Whether a read blocks already does not matter: before
 	// its handler has settled anything, a subscription reads one entry.)
-	for _, w := range workers {
+	for _, w := range all {
 		waitUntil(t, w.name+" past its first claim", func() bool { return w.claims.Load() >= 1 })
 	}
-	const n = 40
-	e.publish(n)
-	waitUntil(t, "all handled", func() bool { return total.Load() == n })
-	for _, w := range workers {
+	start := time.Now()
+	e.publish(entries)
+	waitUntil(t, "all handled", func() bool { return total.Load() == int64(entries) })
+	t.Logf("%d entries handled in %s", entries, time.Since(start).Round(time.Millisecond))
+	fair := entries / workers
+	for _, w := range all {
 		got := w.handled.Load()
-		t.Logf("%s handled %d of %d", w.name, got, n)
-		assert.GreaterOrEqual(t, got, int64(n*30/100), "%s's share", w.name)
-		assert.LessOrEqual(t, got, int64(n*70/100), "%s's share", w.name)
+		t.Logf("%s handled %d of %d", w.name, got, entries)
+		assert.GreaterOrEqual(t, got, int64(fair*60/100), "%s's share", w.name)
+		assert.LessOrEqual(t, got, int64(fair*140/100), "%s's share", w.name)
 	}
 }

@@ -50,8 +50,7 @@ type groupLoop struct {
 
 	queue    []entry         // fetched, not yet delivered, in order
 	inFlight string          // id of the entry being delivered or in a handler's hands, or ""
-	giveBack []string        // ids to hand back when the loop ends (Nacked while closing)
-	msgBase  context.Context // parent of message contexts: the subscription's, without its cancellation
+	giveBack []string // ids to hand back when the loop ends: no handler has them
 
 	plan     fetchPlan
 	prefetch prefetch
@@ -88,9 +87,9 @@ func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.flushOnExit()
 	defer l.reader.interruptOn(ctx)()
-	// A message's context ends when it is settled, or when CloseGrace has
-	// passed after the subscription ended; deliver cancels it.
-	l.msgBase = context.WithoutCancel(ctx)
+	// The parent of message contexts: a message's context ends when it is
+	// settled, or when CloseGrace has passed after the subscription ended.
+	msgBase := context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 || l.plan.mustFetch() {
 			if err := l.fetch(ctx); err != nil {
@@ -106,7 +105,7 @@ func (l *groupLoop) run(ctx context.Context) {
 		l.queue = l.queue[1:]
 		l.sub.stats.readAhead.Add(-1)
 		l.sub.stats.inFlight.Add(1)
-		ok := l.handle(ctx, e)
+		ok := l.handle(ctx, msgBase, e)
 		l.sub.stats.inFlight.Add(-1)
 		if !ok {
 			return
@@ -359,9 +358,10 @@ func (l *groupLoop) admit(entries []entry, counts []int64) []entry {
 	return kept
 }
 
-// handle delivers e until it is Acked, redelivering it after each Nack. It
-// returns false when the subscription ended.
-func (l *groupLoop) handle(ctx context.Context, e entry) bool {
+// handle delivers e until it is Acked, redelivering it after each Nack, with
+// message contexts derived from msgBase. It returns false when the
+// subscription ended.
+func (l *groupLoop) handle(ctx, msgBase context.Context, e entry) bool {
 	l.inFlight = e.id
 	defer func() { l.inFlight = "" }()
 	for {
@@ -371,7 +371,7 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
-		msgCtx, cancel := context.WithCancel(l.msgBase)
+		msgCtx, cancel := context.WithCancel(msgBase)
 		msg.SetContext(msgCtx)
 		result := l.deliver(ctx, msg)
 		cancel()

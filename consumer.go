@@ -48,8 +48,8 @@ type groupLoop struct {
 	out      chan *message.Message
 	logger   watermill.LoggerAdapter
 
-	queue    []entry         // fetched, not yet delivered, in order
-	inFlight string          // id of the entry being delivered or in a handler's hands, or ""
+	queue    []entry  // fetched, not yet delivered, in order
+	inFlight string   // id of the entry being delivered or in a handler's hands, or ""
 	giveBack []string // ids to hand back when the loop ends: no handler has them
 
 	plan     fetchPlan

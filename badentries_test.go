@@ -16,9 +16,7 @@ func TestTrimmedPendingEntriesAreAckedNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	e.publish(3)
-	first := e.subscriber("g", "c")
-	receive(t, e.subscribe(first))
-	require.NoError(t, first.Close())
+	e.readAs("g", "c", 3)
 	require.NoError(t, e.client.XTrimMaxLen(ctx, e.topic, 0).Err())
 	fresh := e.publish(1)
 
@@ -36,9 +34,7 @@ func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	sent := e.publish(3)
-	dead := e.subscriber("g", "dead")
-	receive(t, e.subscribe(dead))
-	require.NoError(t, dead.Close())
+	e.readAs("g", "dead", 3)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
 
 	peer := e.subscriber("g", "peer", shortClaim)

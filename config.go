@@ -39,10 +39,20 @@ const (
 	// before a message Nacked on its first delivery is delivered again. The
 	// wait doubles with each delivery, as the server counts them, up to
 	// NackBackoffMax.
-	DefaultNackBackoffMin = 100 * time.Millisecond
+	DefaultNackBackoffMin = 25 * time.Millisecond
 	// DefaultNackBackoffMax caps the wait before a Nacked message is
-	// delivered again, with the default NackResendDelay.
-	DefaultNackBackoffMax = 10 * time.Second
+	// delivered again, with the default NackResendDelay: a handler that
+	// always fails gets at most 10 deliveries a second. It is short because
+	// Watermill expects a Nacked message back soon (its test suite Nacks one
+	// message hundreds of times); raise it for a longer backoff, and give up
+	// on messages with [DeadLetter].
+	DefaultNackBackoffMax = 100 * time.Millisecond
+	// DefaultPrefetchWindow is how much of the handler's time one read of
+	// new entries asks for (see SubscriberConfig.PrefetchWindow).
+	DefaultPrefetchWindow = 10 * time.Millisecond
+	// DefaultCloseGrace is how long a closing subscription waits for the
+	// message in a handler's hands to be Acked or Nacked.
+	DefaultCloseGrace = 5 * time.Second
 	// DefaultConsumerLeaseTTL is how long a consumer name stays leased to a
 	// subscription that stopped renewing it (a process that died without
 	// Close): the longest a restarted process waits to get its name back.
@@ -64,6 +74,12 @@ const (
 	// NoReclaim, as SubscriberConfig.ClaimInterval, turns the claim beat
 	// off: the subscription never reclaims entries of other consumers.
 	NoReclaim time.Duration = -1
+	// FullBatches, as SubscriberConfig.PrefetchWindow, makes every read of
+	// new entries ask for BatchSize, however slow the handler.
+	FullBatches time.Duration = -1
+	// NoCloseGrace, as SubscriberConfig.CloseGrace, ends a subscription
+	// without waiting for the message in a handler's hands.
+	NoCloseGrace time.Duration = -1
 	// NoDeadLetter, as SubscriberConfig.DeadLetterSuffix, turns the
 	// dead-lettering of undecodable entries off: such an entry is logged at
 	// Error level with its raw fields, counted and acknowledged.
@@ -152,9 +168,14 @@ func ParseStartPosition(s string) (StartPosition, error) {
 type SubscriberConfig struct {
 	// Client is the connection to the server: a *redis.Client,
 	// *redis.ClusterClient, a Sentinel failover client or a ring. Required.
-	// Every running subscription holds one of its connections while it
-	// blocks for new entries, so its PoolSize must exceed the number of
-	// subscriptions running at once.
+	// A consumer-group subscription sends its blocking reads of new entries
+	// through a client of its own, made from this client's options (one
+	// connection), so that Close ends a blocked read at once; the hooks
+	// added to this client (AddHook) do not see those reads. With a client
+	// of another type (a ring) the blocking reads use this client, and each
+	// running subscription holds one of its connections while it blocks, so
+	// its PoolSize must exceed the number of subscriptions running at once;
+	// a fan-out subscription always does.
 	Client redis.UniversalClient
 
 	// ConsumerGroup is the consumer group the subscriptions read through.
@@ -216,6 +237,18 @@ type SubscriberConfig struct {
 	// fetched but undelivered entries than this. Default: DefaultBatchSize.
 	BatchSize int64
 
+	// PrefetchWindow sizes the reads of new entries by how fast the handler
+	// settles messages (from hand-over to Ack or Nack, averaged over the
+	// last few): a read asks for about as many entries as the handler
+	// settles in this time, at least 1 and at most BatchSize, and 1 before
+	// it has settled any. So a fast handler reads whole batches, while a
+	// slow one (10 ms or more a message, with the default) reads one entry
+	// at a time and leaves a backlog to its peers, and a crash strands
+	// little. FullBatches (-1) always asks for BatchSize. Drains and claims
+	// always ask for BatchSize. Only used with ConsumerGroup. Default:
+	// DefaultPrefetchWindow.
+	PrefetchWindow time.Duration
+
 	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
 	// cancelled Subscribe context wait up to about this long for a read in
 	// progress (go-redis cannot interrupt it). It cannot be infinite, and
@@ -245,8 +278,8 @@ type SubscriberConfig struct {
 	// does not wait. Acks and hold renewals go on meanwhile. Default (0): a
 	// backoff that grows with the delivery count, so that a handler that
 	// always fails does not spin: DefaultNackBackoffMin after the first
-	// delivery, doubling with each one (200 ms after the second, 400 ms after
-	// the third, ...), up to NackBackoffMax. To give up on a message, use
+	// delivery, doubling with each one (50 ms after the second, 100 ms after
+	// the third), up to NackBackoffMax. To give up on a message, use
 	// [DeadLetter].
 	NackResendDelay time.Duration
 
@@ -281,6 +314,17 @@ type SubscriberConfig struct {
 	// Subscriber; some other subscription of the topic must then run it.
 	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.
 	DelayedPollInterval time.Duration
+	// CloseGrace is how long a subscription that ends (Close, or its
+	// Subscribe context cancelled) waits for the message in a handler's
+	// hands to be Acked or Nacked. Its context stays alive meanwhile, and an
+	// Ack made within CloseGrace is sent, so a handler that finishes in time
+	// causes no redelivery. The entries read ahead and never handed to a
+	// handler (and one Nacked meanwhile) are handed back: marked idle, so
+	// that a peer reclaims them on its next claim beat rather than after
+	// ClaimMinIdle; their delivery counts do not grow. NoCloseGrace (-1)
+	// does not wait. Only used with ConsumerGroup. Default:
+	// DefaultCloseGrace.
+	CloseGrace time.Duration
 
 	// CloseClient makes Close close Client too. Default: false, the client
 	// stays open for its owner.
@@ -317,6 +361,12 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.RemoveIdleConsumersAfter == 0 {
 		c.RemoveIdleConsumersAfter = DefaultRemoveIdleConsumersFactor * c.ClaimMinIdle
 	}
+	if c.PrefetchWindow == 0 {
+		c.PrefetchWindow = DefaultPrefetchWindow
+	}
+	if c.CloseGrace == 0 {
+		c.CloseGrace = DefaultCloseGrace
+	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = DefaultDeadLetterSuffix
 	}
@@ -351,6 +401,10 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: ClaimInterval is %s: it must be at least 1ms (a shorter beat would claim again before ever reading new entries), or NoReclaim (-1)", ErrInvalidConfig, c.ClaimInterval)
 	case c.NackResendDelay < 0 && c.NackResendDelay != NackAtOnce:
 		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
+	case c.PrefetchWindow < 0 && c.PrefetchWindow != FullBatches:
+		return fmt.Errorf("%w: PrefetchWindow is %s: it must be positive, 0 (the default) or FullBatches (-1)", ErrInvalidConfig, c.PrefetchWindow)
+	case c.CloseGrace < 0 && c.CloseGrace != NoCloseGrace:
+		return fmt.Errorf("%w: CloseGrace is %s: it must be positive, 0 (the default) or NoCloseGrace (-1)", ErrInvalidConfig, c.CloseGrace)
 	case c.NackBackoffMax < 0:
 		return fmt.Errorf("%w: NackBackoffMax is %s: it must be positive, or 0 (the default)", ErrInvalidConfig, c.NackBackoffMax)
 	case c.AckFlushInterval < 0 && c.AckFlushInterval != AckAtOnce:

@@ -43,6 +43,11 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{name: "nacks at once", edit: func(c *valkeystream.SubscriberConfig) { c.NackResendDelay = valkeystream.NackAtOnce }},
 		{name: "no claim beat", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = valkeystream.NoReclaim }},
 		{name: "no dead letters", edit: func(c *valkeystream.SubscriberConfig) { c.DeadLetterSuffix = valkeystream.NoDeadLetter }},
+		{name: "full batches", edit: func(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = valkeystream.FullBatches }},
+		{name: "negative prefetch window", edit: func(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = -time.Second }, want: []string{"PrefetchWindow", "FullBatches (-1)"}},
+		{name: "no close grace", edit: func(c *valkeystream.SubscriberConfig) { c.CloseGrace = valkeystream.NoCloseGrace }},
+		{name: "negative close grace", edit: func(c *valkeystream.SubscriberConfig) { c.CloseGrace = -time.Second }, want: []string{"CloseGrace", "NoCloseGrace (-1)"}},
+		{name: "negative nack backoff cap", edit: func(c *valkeystream.SubscriberConfig) { c.NackBackoffMax = -time.Second }, want: []string{"NackBackoffMax"}},
 		{name: "min idle not above block", edit: func(c *valkeystream.SubscriberConfig) {
 			c.BlockTime, c.ClaimMinIdle = 2*time.Second, time.Second
 		}, want: []string{"ClaimMinIdle (1s)", "BlockTime (2s)"}},

@@ -41,20 +41,23 @@ type groupLoop struct {
 	sub      *Subscriber
 	cfg      *SubscriberConfig
 	client   redis.UniversalClient
+	reader   blockingReader // for the blocking read of new entries
 	key      string
 	group    string
 	consumer string
 	out      chan *message.Message
 	logger   watermill.LoggerAdapter
 
-	queue    []entry // fetched, not yet delivered, in order
-	inFlight string  // id of the entry being delivered or in a handler's hands, or ""
+	queue    []entry  // fetched, not yet delivered, in order
+	inFlight string   // id of the entry being delivered or in a handler's hands, or ""
+	giveBack []string // ids to hand back when the loop ends: no handler has them
 
-	plan    fetchPlan
-	acks    ackBatch
-	lease   lease
-	retries retries
-	nackLog logLimit
+	plan     fetchPlan
+	prefetch prefetch
+	acks     ackBatch
+	lease    lease
+	retries  retries
+	nackLog  logLimit
 
 	sweeper     *sweeper // removes departed consumers on the claim beat
 	releaseName func()   // releases the consumer name's lease; called on exit
@@ -65,12 +68,14 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		sub:      s,
 		cfg:      &s.config,
 		client:   s.config.Client,
+		reader:   newBlockingReader(s.config.Client),
 		key:      key,
 		group:    s.config.ConsumerGroup,
 		consumer: consumer,
 		out:      out,
 		logger:   logger,
 		plan:     newFetchPlan(s.config.ClaimInterval),
+		prefetch: newPrefetch(s.config.BatchSize, s.config.PrefetchWindow),
 		acks:     newAckBatch(s.config.AckFlushInterval),
 		lease:    newLease(s.config.ClaimMinIdle),
 		retries:  retries{sub: s, logger: logger},
@@ -85,6 +90,10 @@ func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.releaseName()
 	defer l.flushOnExit()
+	defer l.reader.interruptOn(ctx)()
+	// The parent of message contexts: a message's context ends when it is
+	// settled, or when CloseGrace has passed after the subscription ended.
+	msgBase := context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
 		if len(l.queue) == 0 || l.plan.mustFetch() {
 			if err := l.fetch(ctx); err != nil {
@@ -100,7 +109,7 @@ func (l *groupLoop) run(ctx context.Context) {
 		l.queue = l.queue[1:]
 		l.sub.stats.readAhead.Add(-1)
 		l.sub.stats.inFlight.Add(1)
-		ok := l.handle(ctx, e)
+		ok := l.handle(ctx, msgBase, e)
 		l.sub.stats.inFlight.Add(-1)
 		if !ok {
 			return
@@ -266,7 +275,7 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 			return nil
 		}
 	}
-	streams, err := l.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
+	streams, err := l.reader.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}
@@ -284,7 +293,7 @@ func (l *groupLoop) readArgs(block time.Duration) *redis.XReadGroupArgs {
 		Group:    l.group,
 		Consumer: l.consumer,
 		Streams:  []string{l.key, ">"},
-		Count:    l.cfg.BatchSize,
+		Count:    l.prefetch.count(),
 		Block:    block,
 	}
 }
@@ -358,9 +367,10 @@ func (l *groupLoop) admit(entries []entry, counts []int64) []entry {
 	return kept
 }
 
-// handle delivers e until it is Acked, redelivering it after each Nack. It
-// returns false when the subscription ended.
-func (l *groupLoop) handle(ctx context.Context, e entry) bool {
+// handle delivers e until it is Acked, redelivering it after each Nack, with
+// message contexts derived from msgBase. It returns false when the
+// subscription ended.
+func (l *groupLoop) handle(ctx, msgBase context.Context, e entry) bool {
 	l.inFlight = e.id
 	defer func() { l.inFlight = "" }()
 	for {
@@ -370,7 +380,7 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
-		msgCtx, cancel := context.WithCancel(ctx)
+		msgCtx, cancel := context.WithCancel(msgBase)
 		msg.SetContext(msgCtx)
 		result := l.deliver(ctx, msg)
 		cancel()
@@ -386,10 +396,19 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 			return false
 		case stopped:
 			return false
+		case unsent:
+			// No handler has seen it: a peer takes it.
+			l.giveBack = append(l.giveBack, e.id)
+			return false
 		case lost:
 			return true
 		}
 		l.sub.stats.nacked.Add(1)
+		if ctx.Err() != nil {
+			// Nacked while the subscription ends: a peer takes it.
+			l.giveBack = append(l.giveBack, e.id)
+			return false
+		}
 		delay := nackDelay(l.cfg, e.count)
 		fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
 		if ok, held := l.nackLog.allow(time.Now()); ok {
@@ -413,18 +432,27 @@ func (l *groupLoop) handle(ctx context.Context, e entry) bool {
 // waits until it is Acked or Nacked, sending due Acks and renewing the hold
 // on held entries meanwhile. An entry that a renewal finds taken over by
 // another consumer before the handler took it is not handed over (lost).
+// When ctx ends while the handler has the message, it waits up to
+// CloseGrace more for the Ack or Nack.
 func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 	w := waits{out: l.out, msg: msg}
+	closing := false
 	for {
 		w.flush, w.renew = l.acks.due(), l.lease.due(true)
 		switch w.next(ctx) {
 		case evSent:
+			l.prefetch.handedOver(time.Now())
 			l.sub.stats.delivered.Add(1)
 			w.sent()
 			l.decodeNext()
 		case evAcked:
+			l.prefetch.settled(time.Now())
+			if closing {
+				return ackedThenStopped
+			}
 			return acked
 		case evNacked:
+			l.prefetch.settled(time.Now())
 			return nacked
 		case evFlush:
 			l.flushWhileBusy(ctx)
@@ -435,7 +463,18 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 				return lost
 			}
 		case evStopped:
-			return w.stopped()
+			if w.out != nil {
+				return unsent
+			}
+			if closing || l.cfg.CloseGrace < 0 {
+				return w.stopped()
+			}
+			// The handler has it: the calls made while it finishes get
+			// CloseGrace, as the wait does.
+			closing = true
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.cfg.CloseGrace)
+			defer cancel()
 		}
 	}
 }
@@ -657,20 +696,62 @@ func (l *groupLoop) settleAcks(cmd *redis.IntCmd) error {
 	return err
 }
 
+// flushOnExit sends the Acks not sent yet and hands back the entries the
+// loop holds and no handler has, in one round trip.
 func (l *groupLoop) flushOnExit() {
 	l.sub.stats.readAhead.Add(-int64(len(l.queue)))
 	l.acks.stop()
 	l.lease.stop()
-	if l.acks.len() == 0 {
+	for _, e := range l.queue {
+		l.giveBack = append(l.giveBack, e.id)
+	}
+	if l.acks.len() == 0 && len(l.giveBack) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
 	defer cancel()
-	if err := l.flushAcks(ctx); err != nil {
-		l.sub.stats.faults.Add(1)
-		l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
-			err, watermill.LogFields{"entries": l.acks.len()})
+	pipe := l.client.Pipeline()
+	var ack *redis.IntCmd
+	if l.acks.len() > 0 {
+		ack = l.acks.send(ctx, pipe, l.key, l.group)
 	}
+	var back *redis.Cmd
+	if len(l.giveBack) > 0 {
+		back = pipe.Do(ctx, handBackArgs(l.key, l.group, l.consumer, l.giveBack)...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if ack != nil {
+		if err := l.settleAcks(ack); err != nil {
+			l.sub.stats.faults.Add(1)
+			l.logger.Error("Acks could not be sent before the subscription ended; those entries will be delivered again",
+				err, watermill.LogFields{"entries": l.acks.len()})
+		}
+	}
+	if back != nil {
+		if err := back.Err(); err != nil {
+			l.sub.stats.faults.Add(1)
+			l.logger.Error("Handing back entries no handler has failed; peers reclaim them after ClaimMinIdle",
+				err, watermill.LogFields{"entries": len(l.giveBack)})
+		} else {
+			l.logger.Debug("Handed back entries no handler has", watermill.LogFields{"entries": len(l.giveBack)})
+		}
+	}
+}
+
+// handedBackIdle is the idle time given to entries handed back: longer than
+// any ClaimMinIdle, so that the next claim beat of a peer takes them.
+const handedBackIdle = 30 * 24 * time.Hour
+
+// handBackArgs is the call that hands entries ids back: XCLAIM on this
+// consumer's own name with JUSTID, which leaves the delivery count alone, and
+// an idle time no peer waits longer than.
+func handBackArgs(key, group, consumer string, ids []string) []any {
+	args := make([]any, 0, len(ids)+8)
+	args = append(args, "XCLAIM", key, group, consumer, 0)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return append(args, "IDLE", handedBackIdle.Milliseconds(), "JUSTID")
 }
 
 // fault handles a failed call: it re-runs the group door when the group or

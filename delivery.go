@@ -20,6 +20,7 @@ const (
 	nacked                          // the handler Nacked it
 	ackedThenStopped                // it was Acked, and ctx has ended
 	lost                            // not handed over: the entry is not this consumer's any more
+	unsent                          // not handed over: ctx ended first
 )
 
 // event is what ended a wait.

@@ -44,9 +44,9 @@ func TestDeliveryMetadata(t *testing.T) {
 
 func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(2)
-	sub := e.subscriber("g", "c")
+	sub := e.subscriber("g", "c", fullBatches)
 	msgs := e.subscribe(sub)
+	sent := e.publishAtOnce(2)
 
 	for want := 1; want <= 3; want++ {
 		m := receive(t, msgs)
@@ -149,11 +149,11 @@ func TestMessageContextEndsWhenSettled(t *testing.T) {
 // handed over, though the loop holds the rest of its batch.
 func TestAcksAtOnce(t *testing.T) {
 	e := newEnv(t)
-	e.publish(3)
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = valkeystream.AckAtOnce
 		c.ClaimMinIdle = time.Hour // no renewal sends the Acks
 	}))
+	e.publishAtOnce(3)
 	for i := range 3 {
 		m := receive(t, msgs)
 		// Batched Acks would be sent only after the next hand-over.
@@ -196,7 +196,7 @@ func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Close() })
 	msgs := e.subscribe(sub)
 
-	const deliveries = 5
+	const deliveries = 20
 	var at []time.Time
 	for i := 1; i <= deliveries; i++ {
 		m := receive(t, msgs)
@@ -206,7 +206,7 @@ func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
 	}
 	for i := 1; i < deliveries; i++ {
 		// Waits only grow on a loaded machine, so a lower bound holds.
-		want := valkeystream.DefaultNackBackoffMin << (i - 1)
+		want := min(valkeystream.DefaultNackBackoffMin<<(i-1), valkeystream.DefaultNackBackoffMax)
 		assert.GreaterOrEqual(t, at[i].Sub(at[i-1]), want, "wait before delivery %d", i+1)
 	}
 	elapsed := at[deliveries-1].Sub(at[0])
@@ -223,9 +223,9 @@ func TestStatsGaugesReadAheadAndInFlight(t *testing.T) {
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
 			e := newEnv(t)
-			e.publish(10)
-			sub := e.subscriber(group, "c", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
+			sub := e.subscriber(group, "c", fullBatches, func(c *valkeystream.SubscriberConfig) { c.BatchSize = 10 })
 			msgs := e.subscribe(sub)
+			e.publishAtOnce(10)
 			m := receive(t, msgs)
 			gauges := func() [2]int64 { s := sub.Stats(); return [2]int64{s.ReadAhead, s.InFlight} }
 			waitUntil(t, "9 read ahead and 1 in flight", func() bool { return gauges() == [2]int64{9, 1} })

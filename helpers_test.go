@@ -381,3 +381,44 @@ func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
 func onClient(client *redis.Client) func(*valkeystream.SubscriberConfig) {
 	return func(c *valkeystream.SubscriberConfig) { c.Client = client }
 }
+
+// readAs reads n new entries of e's topic as consumer of group, creating the
+// group at the stream's head if needed, and never acknowledges them: what a
+// consumer that read a batch and died leaves behind.
+func (e *env) readAs(group, consumer string, n int64) []redis.XMessage {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := e.client.XGroupCreateMkStream(ctx, e.topic, group, "0").Err(); err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		require.NoError(e.t, err)
+	}
+	streams, err := e.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: group, Consumer: consumer, Streams: []string{e.topic, ">"}, Count: n, Block: -1}).Result()
+	require.NoError(e.t, err)
+	require.Len(e.t, streams, 1)
+	require.Len(e.t, streams[0].Messages, int(n))
+	return streams[0].Messages
+}
+
+// fullBatches makes a Subscriber read whole batches ahead however slow the
+// handler, so that a test can hold entries in its queue.
+func fullBatches(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = valkeystream.FullBatches }
+
+// publishAtOnce adds n messages in one MULTI/EXEC, so that a reader blocked
+// on the stream wakes up to all of them at once, and returns them.
+func (e *env) publishAtOnce(n int) []*message.Message {
+	e.t.Helper()
+	msgs := make([]*message.Message, n)
+	_, err := e.client.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
+		for i := range msgs {
+			msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))
+			values, err := valkeystream.DefaultMarshaler{}.Marshal(e.topic, msgs[i])
+			if err != nil {
+				return err
+			}
+			p.XAdd(context.Background(), &redis.XAddArgs{Stream: e.topic, Values: values})
+		}
+		return nil
+	})
+	require.NoError(e.t, err)
+	return msgs
+}

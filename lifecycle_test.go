@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,12 +48,12 @@ func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
 
 func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(2)
-	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
-		c.AckFlushInterval = time.Minute // only Close sends it
+	sub := e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
+		c.AckFlushInterval = time.Minute // only Close or a read sends it
 		c.ClaimMinIdle = 2 * time.Minute
 	})
 	msgs := e.subscribe(sub)
+	sent := e.publishAtOnce(2)
 	m := receive(t, msgs)
 	m.Ack()
 	// The loop now waits to hand over the second message, holding the Ack.
@@ -249,4 +250,120 @@ func TestSubscribeInitializeAfterClose(t *testing.T) {
 		require.NoError(t, sub.Close())
 		assert.ErrorIs(t, sub.SubscribeInitialize(e.topic), valkeystream.ErrSubscriberClosed, "group %q", group)
 	}
+}
+
+// Close lets the message in a handler's hands finish within CloseGrace: its
+// context stays alive, its Ack is sent, and the entries read ahead are
+// handed back, idle, with their delivery counts unchanged.
+func TestCloseWaitsForTheMessageInFlightAndHandsBackTheRest(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sub := e.subscriber("g", "c", fullBatches)
+	msgs := e.subscribe(sub)
+	sent := e.publishAtOnce(3)
+	m := receive(t, msgs)
+	require.Equal(t, sent[0].UUID, m.UUID)
+
+	ctxAliveAtAck := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the handler is still working when Close starts
+		ctxAliveAtAck <- m.Context().Err()
+		m.Ack()
+	}()
+	require.NoError(t, sub.Close())
+	assert.NoError(t, <-ctxAliveAtAck, "the message's context lives until it is settled")
+	assert.Error(t, m.Context().Err(), "and ends after")
+
+	p, err := e.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: e.topic, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	require.Len(t, p, 2, "the Ack made during Close was sent; the two read ahead are pending")
+	for i, entry := range p {
+		assert.Equal(t, receiveEntryID(t, e, sent[i+1].UUID), entry.ID)
+		assert.Equal(t, int64(1), entry.RetryCount, "handing back does not grow the count")
+		assert.Greater(t, entry.Idle, 24*time.Hour, "handed back entries look idle to every peer")
+	}
+}
+
+// Entries a closing subscription hands back go to a live peer on its next
+// claim beat, not after ClaimMinIdle (30 s by default).
+func TestHandedBackEntriesGoToAPeerAtItsNextBeat(t *testing.T) {
+	e := newEnv(t)
+	leaving := e.subscriber("g", "leaving", fullBatches)
+	msgs := e.subscribe(leaving)
+	sent := e.publishAtOnce(10)
+	m := receive(t, msgs)
+	// How many the loop read ahead depends on how fast the warm-up went;
+	// those are handed back (a read after the Ack may add more).
+	readAhead := leaving.Stats().ReadAhead
+	require.Positive(t, readAhead, "entries read ahead")
+	m.Ack()
+	require.NoError(t, leaving.Close())
+
+	peer := e.subscriber("g", "peer", func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = 100 * time.Millisecond })
+	peerMsgs := e.subscribe(peer)
+	var got []string
+	var claimed int64
+	for range 9 {
+		m := receive(t, peerMsgs) // within receiveTimeout, shorter than ClaimMinIdle
+		switch valkeystream.DeliveryCount(m) {
+		case 2: // read by the leaving consumer, handed back, claimed by the peer
+			claimed++
+		case 1: // never read by the leaving consumer
+		default:
+			t.Errorf("message %s delivered with count %d, want 1 or 2", m.UUID, valkeystream.DeliveryCount(m))
+		}
+		got = append(got, m.UUID)
+		m.Ack()
+	}
+	assert.GreaterOrEqual(t, claimed, readAhead, "handed back entries reached the peer")
+	assert.ElementsMatch(t, uuidsOf(sent[1:]), got)
+	require.NoError(t, peer.Close())
+	assert.Empty(t, e.pending("g"))
+}
+
+// A router closed while a handler works lets it finish and sends its Ack:
+// nothing is left pending, so a restart redelivers nothing. (With
+// NoCloseGrace the entry stays pending.)
+func TestRouterCloseDuringAHandlerRedeliversNothing(t *testing.T) {
+	e := newEnv(t)
+	started := make(chan struct{}, 1)
+	var handled atomic.Int64
+	stop := e.runRouter(e.subscriber("g", "c"), func(msg *message.Message) error {
+		started <- struct{}{}
+		time.Sleep(500 * time.Millisecond)
+		handled.Add(1)
+		return nil
+	})
+	e.publish(1)
+	select {
+	case <-started:
+	case <-time.After(receiveTimeout):
+		t.Fatal("the handler never started")
+	}
+	stop()
+	assert.Equal(t, int64(1), handled.Load())
+	assert.Empty(t, e.pending("g"), "the Ack made while the router closed was sent")
+}
+
+// Close ends a blocked read at once: an idle subscription with a one-minute
+// BlockTime closes long before the read would have ended by itself.
+func TestCloseEndsABlockedReadAtOnce(t *testing.T) {
+	e := newEnv(t)
+	client, reads := e.commandCounter("xreadgroup")
+	sub := e.subscriber("g", "c", onClient(client), func(c *valkeystream.SubscriberConfig) {
+		c.BlockTime = time.Minute
+		c.ClaimMinIdle = 2 * time.Minute
+	})
+	msgs := e.subscribe(sub)
+	// The drain has returned; the blocking read goes through the
+	// subscription's own client, which the hook does not see.
+	waitUntil(t, "the drain", func() bool { return reads.Load() >= 1 })
+	time.Sleep(100 * time.Millisecond) // into the blocking read
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	t.Logf("Close of an idle subscription took %s", took)
+	assert.Less(t, took, 30*time.Second, "Close waited out the blocking read")
+	_, open := <-msgs
+	assert.False(t, open)
 }

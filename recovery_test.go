@@ -2,6 +2,8 @@ package valkeystream_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,10 +19,7 @@ func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
 	e := newEnv(t)
 	held := e.publish(3)
 
-	first := e.subscriber("g", "worker")
-	m := receive(t, e.subscribe(first)) // the loop fetched all three
-	require.Equal(t, held[0].UUID, m.UUID)
-	require.NoError(t, first.Close()) // no Ack: a crash, as far as the group knows
+	e.readAs("g", "worker", 3) // read, never acknowledged: a crash
 	require.Len(t, e.pending("g"), 3)
 
 	newer := e.publish(2)
@@ -46,9 +45,7 @@ func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
 func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
 	e := newEnv(t)
 	sent := e.publish(3)
-	dead := e.subscriber("g", "dead")
-	receive(t, e.subscribe(dead))
-	require.NoError(t, dead.Close())
+	e.readAs("g", "dead", 3)
 
 	alive := e.subscriber("g", "alive", shortClaim)
 	msgs := e.subscribe(alive)
@@ -93,9 +90,9 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 
 func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 	e := newEnv(t)
-	sent := e.publish(10)
-	slow := e.subscriber("g", "slow", leaseClaim)
+	slow := e.subscriber("g", "slow", fullBatches, leaseClaim)
 	msgs := e.subscribe(slow)
+	sent := e.publishAtOnce(10)
 	first := receive(t, msgs) // the loop has fetched all ten in one batch
 	peerClient, claims := e.commandCounter("xautoclaim")
 	peerGot := collect(t, e.subscribe(e.subscriber("g", "peer", leaseClaim, onClient(peerClient))))
@@ -127,7 +124,6 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(3)
 	// Renewals every second. The claim beat runs once at the start and not
 	// again within the test, so nothing reclaims the entry from "other".
 	var scripts atomic.Int64 // script calls that have returned
@@ -140,10 +136,11 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 			return err
 		}
 	}))
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
+	sent := e.publishAtOnce(3)
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
@@ -164,9 +161,9 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(3)
-	sub := e.subscriber("g", "c", shortClaim)
+	sub := e.subscriber("g", "c", fullBatches, shortClaim)
 	msgs := e.subscribe(sub)
+	sent := e.publishAtOnce(3)
 	m := receive(t, msgs)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
 	waitUntil(t, "a renewal notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
@@ -184,7 +181,6 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	sent := e.publish(2)
 	var scripts atomic.Int64 // script calls that have returned
 	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
@@ -196,10 +192,11 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 		}
 	}))
 	// Renewals every second; the claim beat runs once at the start only.
-	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
 	}))
+	sent := e.publishAtOnce(2)
 	// Nobody takes the first message yet: the loop holds it, waiting to hand
 	// it over, and the second in its queue.
 	waitUntil(t, "both entries fetched", func() bool { return len(e.pending("g")) == 2 })
@@ -246,4 +243,65 @@ func TestNoReclaimNeverClaims(t *testing.T) {
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "gone", p[0].Consumer)
+}
+
+// Slow handlers share a backlog: a subscription reads ahead only what its
+// handler settles soon, so workers with a slow handler split a backlog
+// instead of the first taking it all.
+func TestSlowHandlersShareABacklog(t *testing.T) {
+	for _, tt := range []struct {
+		workers, entries int
+		handler          time.Duration
+	}{{2, 40, 100 * time.Millisecond}, {4, 200, 50 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("%d workers, %d entries, %s", tt.workers, tt.entries, tt.handler), func(t *testing.T) {
+			testSlowHandlersShare(t, tt.workers, tt.entries, tt.handler)
+		})
+	}
+}
+
+func testSlowHandlersShare(t *testing.T, workers, entries int, handler time.Duration) {
+	e := newEnv(t)
+	type worker struct {
+		name    string
+		claims  *atomic.Int64
+		handled atomic.Int64
+	}
+	var total atomic.Int64
+	seen := sync.Map{}
+	all := make([]*worker, workers)
+	for i := range all {
+		w := &worker{name: fmt.Sprintf("w%d", i+1)}
+		all[i] = w
+		client, claims := e.commandCounter("xautoclaim")
+		w.claims = claims
+		msgs := e.subscribe(e.subscriber("g", w.name, onClient(client)))
+		go func() {
+			for m := range msgs {
+				time.Sleep(handler) // the handler's work
+				if _, dup := seen.LoadOrStore(m.UUID, w.name); dup {
+					t.Errorf("message %s handled twice", m.UUID)
+				}
+				w.handled.Add(1)
+				total.Add(1)
+				m.Ack()
+			}
+		}()
+	}
+	// All are about to read new entries: their drain and first claim beat
+	// have returned. (Whether a read blocks already does not matter: before
+	// its handler has settled anything, a subscription reads one entry.)
+	for _, w := range all {
+		waitUntil(t, w.name+" past its first claim", func() bool { return w.claims.Load() >= 1 })
+	}
+	start := time.Now()
+	e.publish(entries)
+	waitUntil(t, "all handled", func() bool { return total.Load() == int64(entries) })
+	t.Logf("%d entries handled in %s", entries, time.Since(start).Round(time.Millisecond))
+	fair := entries / workers
+	for _, w := range all {
+		got := w.handled.Load()
+		t.Logf("%s handled %d of %d", w.name, got, entries)
+		assert.GreaterOrEqual(t, got, int64(fair*60/100), "%s's share", w.name)
+		assert.LessOrEqual(t, got, int64(fair*140/100), "%s's share", w.name)
+	}
 }

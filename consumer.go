@@ -64,7 +64,7 @@ type groupLoop struct {
 }
 
 func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message, logger watermill.LoggerAdapter) *groupLoop {
-	return &groupLoop{
+	l := &groupLoop{
 		sub:      s,
 		cfg:      &s.config,
 		client:   s.config.Client,
@@ -81,6 +81,10 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		retries:  retries{sub: s, logger: logger},
 		nackLog:  logLimit{every: nackLogEvery},
 	}
+	if l.reader.own {
+		l.retries.reader = l.reader.client
+	}
+	return l
 }
 
 // nackLogEvery bounds how often a subscription logs Nacks at Info level.

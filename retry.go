@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
 )
 
 const (
@@ -27,6 +28,12 @@ type retries struct {
 	logger watermill.LoggerAdapter
 	n      int                 // consecutive failures
 	health *subscriptionHealth // nil: not reported
+
+	// reader is a client of the loop's own (its blocking reader, see
+	// reader.go), whose slot map a failover makes stale just as the user's
+	// client's; nil when the loop has none.
+	reader         redis.UniversalClient
+	readerFailover failover
 }
 
 // fail records a failed call and waits before the next try with pause. It
@@ -39,6 +46,9 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 	// A failover may be under way: have the client look for the new master,
 	// and do not sleep long past its arrival.
 	delay = r.sub.failover.retryDelay(r.sub.config.Client, err, delay)
+	if r.reader != nil {
+		r.readerFailover.failed(r.reader, err)
+	}
 	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
 		"operation": what, "attempt": r.n, "retry_in": delay.String()})
 	return pause(ctx, delay)

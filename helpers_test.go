@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,6 +272,14 @@ func isScript(cmd redis.Cmder) bool {
 	return cmd.Name() == "evalsha" || cmd.Name() == "eval"
 }
 
+// isStreamScript reports whether cmd runs a script on the stream key alone:
+// the hold renewal or the Nack claim, not a consumer name's lease (its own
+// key) nor a move of delayed messages (two keys).
+func isStreamScript(cmd redis.Cmder, key string) bool {
+	args := cmd.Args()
+	return isScript(cmd) && len(args) > 3 && fmt.Sprint(args[2]) == "1" && args[3] == key
+}
+
 // fastRedelivery brings a Nacked message back within milliseconds and keeps
 // Close and Ack flushes quick; the shipped defaults work too, only slower.
 func fastRedelivery(c *valkeystream.SubscriberConfig) {
@@ -375,6 +384,24 @@ func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
 		}
 	}))
 	return c, &n
+}
+
+// serverCalls returns how many times the server has run the command name
+// (INFO commandstats), whichever client sent it.
+func (e *env) serverCalls(name string) int64 {
+	e.t.Helper()
+	info, err := e.client.Info(context.Background(), "commandstats").Result()
+	require.NoError(e.t, err)
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+		require.NoError(e.t, err)
+		return n
+	}
+	return 0
 }
 
 // onClient makes a Subscriber use client.

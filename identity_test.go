@@ -51,14 +51,27 @@ func TestSameConsumerNameInOneProcessIsNeverShared(t *testing.T) {
 	a := e.subscriber("g", "worker")
 	b := e.subscriber("g", "worker", func(c *valkeystream.SubscriberConfig) { c.Client = other })
 	ma, mb := e.subscribe(a), e.subscribe(b)
-	e.publish(2)
-	names := map[string]bool{}
-	for _, msgs := range []<-chan *message.Message{ma, mb} {
-		m := receive(t, msgs)
-		names[m.Metadata.Get(valkeystream.MetadataConsumer)] = true
+	// Which subscription a message goes to is the server's choice: publish
+	// one at a time until each subscription has handled one.
+	names := map[<-chan *message.Message]string{}
+	for i := 0; len(names) < 2; i++ {
+		require.Less(t, i, 100, "after 100 messages, one subscription still had none")
+		e.publish(1)
+		var m *message.Message
+		var from <-chan *message.Message
+		select {
+		case m = <-ma:
+			from = ma
+		case m = <-mb:
+			from = mb
+		case <-time.After(receiveTimeout):
+			t.Fatalf("no message within %s", receiveTimeout)
+		}
+		names[from] = m.Metadata.Get(valkeystream.MetadataConsumer)
 		m.Ack()
 	}
-	assert.Equal(t, map[string]bool{"worker": true, "worker-2": true}, names)
+	assert.Equal(t, "worker", names[ma], "the first subscription has the bare name")
+	assert.Equal(t, "worker-2", names[mb], "the second takes the next slot")
 	tokA, err := e.client.Get(ctx, leaseKeyOf(e.topic, "g", "worker")).Result()
 	require.NoError(t, err)
 	tokB, err := e.client.Get(ctx, leaseKeyOf(e.topic, "g", "worker-2")).Result()
@@ -267,7 +280,9 @@ func TestKilledProcessGetsItsNameAndPendingEntriesBack(t *testing.T) {
 	e := newEnv(t)
 	bin := buildCrashWorker(t)
 	const ttl = 2 * time.Second
-	opts := []string{"-lease-ttl", ttl.String(), "-claim-min-idle", "1m", "-claim-interval", "1m", "-batch", "10"}
+	// Full batches: the stalled worker reads all five at once.
+	opts := []string{"-lease-ttl", ttl.String(), "-claim-min-idle", "1m", "-claim-interval", "1m", "-batch", "10",
+		"-prefetch", valkeystream.FullBatches.String()}
 	key := leaseKeyOf(e.topic, "g", "worker")
 	sent := e.publish(5)
 	first, _ := startWorker(t, e, bin, "worker", append([]string{"-stall"}, opts...)...)

@@ -54,6 +54,7 @@ func main() {
 		delayProb     = flag.Float64("delay-prob", 0.2, "probability that the handler sleeps")
 		delayMax      = flag.Duration("delay-max", 5*time.Millisecond, "longest handler sleep")
 		batch         = flag.Int64("batch", 0, "SubscriberConfig.BatchSize (0: default)")
+		prefetch      = flag.Duration("prefetch", 0, "SubscriberConfig.PrefetchWindow (0: default, -1ns: FullBatches)")
 		block         = flag.Duration("block", 200*time.Millisecond, "SubscriberConfig.BlockTime")
 		claimInterval = flag.Duration("claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
 		claimMinIdle  = flag.Duration("claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
@@ -88,6 +89,7 @@ func main() {
 		ClaimMinIdle:     *claimMinIdle,
 		AckFlushInterval: *ackFlush,
 		ConsumerLeaseTTL: *leaseTTL,
+		PrefetchWindow:   *prefetch,
 	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)

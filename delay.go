@@ -326,7 +326,9 @@ func (m *delayedMover) run(ctx context.Context, every time.Duration) {
 			failures++
 			m.faults.Add(1)
 			if failures == 1 {
-				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff", err,
+				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
+					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
+					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
 					watermill.LogFields{"delayed_key": m.keys[0]})
 			}
 			next = max(every, backoff(failures))

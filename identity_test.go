@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -427,16 +428,18 @@ func TestRollingRestartsWithFreshNamesLeaveOnlyLiveConsumers(t *testing.T) {
 
 // The least-privilege user of the docs (docs/design.md#permissions) runs a
 // whole life: Subscribe, Publish, Nack, an undecodable entry dead-lettered,
-// a departed consumer removed, Close.
+// a delayed message, a departed consumer removed, Close.
 func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	topic := e.topic
 	rules := []string{"on", ">secret", "resetkeys", "~" + topic, "~" + topic + ".dead", "~" + topic + ":lease:*",
+		"~{" + topic + "}:delayed",
 		"resetchannels", "-@all",
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+exists", "+evalsha", "+eval",
-		"+get", "+set", "+pexpire", "+pttl", "+del"}
+		"+get", "+set", "+pexpire", "+pttl", "+del",
+		"+zadd", "+zrangebyscore", "+zrem", "+time"}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
 	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "app", Password: "secret"})
@@ -463,9 +466,16 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, sent))
 	m := receive(t, msgs)
 	require.Equal(t, sent.UUID, m.UUID)
+	m.Ack()
+	// A delayed message: stored in the sorted set, moved by the subscription.
+	delayed := message.NewMessage(watermill.NewUUID(), []byte("later"))
+	delay.Message(delayed, delay.For(200*time.Millisecond))
+	require.NoError(t, pub.Publish(topic, delayed))
+	m = receive(t, msgs)
+	require.Equal(t, delayed.UUID, m.UUID)
 	m.Nack()
 	m = receive(t, msgs)
-	require.Equal(t, sent.UUID, m.UUID)
+	require.Equal(t, delayed.UUID, m.UUID)
 	assert.Equal(t, 2, valkeystream.DeliveryCount(m))
 	m.Ack()
 

@@ -2,6 +2,7 @@ package valkeystream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -175,7 +176,11 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 	}
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	if err := delayAddScript.Run(ctx, p.config.Client, []string{delayedKey, key}, args...).Err(); err != nil {
+	if err := p.combiners.wait.runScript(ctx, p.config.Client, key, delayAddScript, []string{delayedKey, key}, args...); err != nil {
+		p.failover.failed(p.config.Client, err)
+		if errors.Is(err, ErrNotReplicated) {
+			return fail(err)
+		}
 		return fail(fmt.Errorf("storing %d delayed messages in %q (and %d due now in %q): %w",
 			plan.delayed, delayedKey, len(msgs)-plan.delayed, key, err))
 	}

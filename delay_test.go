@@ -410,3 +410,29 @@ func BenchmarkPublishDelayed(b *testing.B) {
 		})
 	}
 }
+
+// With WaitReplicas, a Publish that carries delayed messages waits for the
+// replicas too: on a server without replicas it fails with ErrNotReplicated
+// like any other Publish, naming every message of the call, and the
+// messages are stored all the same.
+func TestDelayedPublishWaitsForReplicas(t *testing.T) {
+	e := newEnv(t)
+	pub := e.publisher(func(c *valkeystream.PublisherConfig) {
+		c.WaitReplicas = 1
+		c.WaitTimeout = 50 * time.Millisecond
+	})
+	plain := newMessages(1)
+	requireNotReplicated(t, pub.Publish(e.topic, plain...), plain)
+
+	msgs := []*message.Message{delayed("later", delay.For(time.Minute)), newMessages(1)[0]}
+	requireNotReplicated(t, pub.Publish(e.topic, msgs...), msgs)
+
+	delayedKey, err := valkeystream.DelayedKey(e.topic)
+	require.NoError(t, err)
+	if got := e.client.ZCard(context.Background(), delayedKey).Val(); got != 1 {
+		t.Fatalf("%d delayed messages stored, want 1", got)
+	}
+	if got := e.client.XLen(context.Background(), e.topic).Val(); got != 2 {
+		t.Fatalf("%d entries in the stream, want 2 (the plain one and the one due now)", got)
+	}
+}

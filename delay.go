@@ -32,19 +32,25 @@ const DefaultDelayedPollInterval = 100 * time.Millisecond
 // delayedMoveBatch is the most delayed messages one move appends.
 const delayedMoveBatch = 100
 
-// delayedSuffix ends the key of a topic's sorted set of delayed messages.
-const delayedSuffix = ":delayed"
+// delayedSuffix ends the key of the sorted set of delayed messages of a
+// stream key without a hash tag, and delayedTaggedSuffix that of one with a
+// hash tag. They differ so that two streams never share a sorted set: the
+// sorted set of "{orders}" is not the one of "orders".
+const (
+	delayedSuffix       = ":delayed"
+	delayedTaggedSuffix = ".delayed"
+)
 
 // DelayedKey returns the key of the sorted set that holds the delayed
 // messages of the stream key streamKey (KeyPrefix plus topic). It lies in the
 // same cluster slot as the stream: when streamKey has a hash tag ("{...}"),
-// it is streamKey plus ":delayed"; otherwise streamKey is made the tag:
+// it is streamKey plus ".delayed"; otherwise streamKey is made the tag:
 // "{" + streamKey + "}:delayed". A stream key that has no hash tag but
 // contains '}' cannot share its slot with another key, so delayed messages
 // are refused for it.
 func DelayedKey(streamKey string) (string, error) {
 	if hasHashTag(streamKey) {
-		return streamKey + delayedSuffix, nil
+		return streamKey + delayedTaggedSuffix, nil
 	}
 	if strings.Contains(streamKey, "}") {
 		return "", fmt.Errorf("valkeystream: stream key %q contains '}' without a hash tag, so no other key can share its cluster slot: delayed messages need a topic without '}' or with a hash tag such as {orders}", streamKey)

@@ -436,3 +436,32 @@ func TestDelayedPublishWaitsForReplicas(t *testing.T) {
 		t.Fatalf("%d entries in the stream, want 2 (the plain one and the one due now)", got)
 	}
 }
+
+// A topic and the same name in a hash tag ("orders" and "{orders}") are two
+// streams: each one's delayed messages reach its own stream only.
+func TestDelayedMessagesStayWithTheirTopicBesideItsHashTaggedTwin(t *testing.T) {
+	e := newEnv(t)
+	tagged := "{" + e.topic + "}"
+	plainKey, err := valkeystream.DelayedKey(e.topic)
+	require.NoError(t, err)
+	taggedKey, err := valkeystream.DelayedKey(tagged)
+	require.NoError(t, err)
+	if plainKey == taggedKey {
+		t.Fatalf("DelayedKey(%q) and DelayedKey(%q) are both %q", e.topic, tagged, plainKey)
+	}
+
+	pub := e.publisher()
+	msg := delayed("tagged", delay.For(50*time.Millisecond))
+	require.NoError(t, pub.Publish(tagged, msg))
+	plain := e.subscribe(e.subscriber("g", "c")) // moves the plain topic's delayed messages
+	sub := e.subscriber("g", "c")
+	taggedMsgs, err := sub.Subscribe(context.Background(), tagged)
+	require.NoError(t, err)
+	got := receive(t, taggedMsgs)
+	require.Equal(t, msg.UUID, got.UUID)
+	got.Ack()
+	expectNothing(t, plain, 300*time.Millisecond)
+	if n := e.client.XLen(context.Background(), e.topic).Val(); n != 0 {
+		t.Fatalf("%d entries in stream %q, want 0: a delayed message of %q went there", n, e.topic, tagged)
+	}
+}

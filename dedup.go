@@ -469,7 +469,7 @@ func (c ExpiringKeyRepositoryConfig) Validate() error {
 // redelivery is taken for a duplicate and dropped: delivery becomes at most
 // once for those messages. Prefer [Deduplicator], which marks a message
 // only after its handler succeeded; use this where that loss is acceptable,
-// or for the publisher decorator (Deduplicator.PublisherDecorator).
+// or for the publisher decorator of Watermill's middleware.Deduplicator.
 type ExpiringKeyRepository struct {
 	config ExpiringKeyRepositoryConfig
 }

@@ -48,7 +48,6 @@ func haPubSub(t *testing.T, newClient func() redis.UniversalClient, group string
 	require.NoError(t, err)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: newClient(), CloseClient: true, ConsumerGroup: group, Start: valkeystream.StartHead,
-		NackResendDelay: suiteNackResendDelay, // see newPubSub
 	}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -3,7 +3,6 @@ package valkeystream_test
 import (
 	"os"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
@@ -14,14 +13,9 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-// suiteNackResendDelay is the fixed wait before a Nacked message comes back
-// in the universal suite.
-const suiteNackResendDelay = 10 * time.Millisecond
-
 // newPubSub returns a Publisher and a Subscriber, each with a client of its
-// own that its Close closes, and closes both when the test ends. An empty
-// group makes a fan-out Subscriber. Every timing is the shipped default but
-// the Nack wait (suiteNackResendDelay).
+// own that its Close closes, and closes both when the test ends. An empty group makes a fan-out Subscriber. Every
+// timing is the shipped default.
 func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publisher, message.Subscriber) {
 	t.Helper()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
@@ -34,10 +28,6 @@ func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publ
 		CloseClient:   true,
 		ConsumerGroup: group,
 		Start:         valkeystream.StartHead,
-		// The suite Nacks one message hundreds of times in a row and
-		// expects it back each time within its timeout; the default
-		// backoff (up to 10 s a time) would make that take an hour.
-		NackResendDelay: suiteNackResendDelay,
 	}, testLogger())
 	require.NoError(t, err)
 	// The suite leaves some of them open; closed here, their clients do not

@@ -269,15 +269,42 @@ func (c *combiner) send(batch []*writeRequest) {
 // fails the call (nothing was written) and makes the cluster client reload
 // its slot map.
 func (c *combiner) pipeline(ctx context.Context) (redis.Pipeliner, error) {
-	cluster, ok := c.client.(*redis.ClusterClient)
-	if !ok || c.wait.replicas == 0 {
-		return c.client.Pipeline(), nil
+	return c.wait.pipeline(ctx, c.client, c.key)
+}
+
+// pipeline returns a pipeline on client for writes to key that WAIT may
+// follow (see combiner.pipeline).
+func (w replicaWait) pipeline(ctx context.Context, client redis.UniversalClient, key string) (redis.Pipeliner, error) {
+	cluster, ok := client.(*redis.ClusterClient)
+	if !ok || w.replicas == 0 {
+		return client.Pipeline(), nil
 	}
-	master, err := cluster.MasterForKey(ctx, c.key)
+	master, err := cluster.MasterForKey(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	return master.Pipeline(), nil
+}
+
+// runScript runs script, whose keys lie in key's slot, and then, with
+// replicas to wait for, WAIT in the same round trip on the same connection.
+// It returns the script's error, or else the check of the WAIT reply.
+func (w replicaWait) runScript(ctx context.Context, client redis.UniversalClient, key string, script *redis.Script, keys []string, args ...any) error {
+	if w.replicas == 0 {
+		return script.Run(ctx, client, keys, args...).Err()
+	}
+	pipe, err := w.pipeline(ctx, client, key)
+	if err != nil {
+		return err
+	}
+	run := script.Eval(ctx, pipe, keys, args...)
+	wait := redis.NewIntCmd(ctx, "wait", w.replicas, w.timeout.Milliseconds())
+	_ = pipe.Process(ctx, wait)
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if err := run.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	return w.check(wait)
 }
 
 // check returns nil when the WAIT reply counts enough replicas, else an

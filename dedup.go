@@ -205,6 +205,11 @@ func (d *Deduplicator) Stats() DedupStats {
 //  3. When the handler succeeds, the mark becomes done for Window, and the
 //     handler's result is returned. When it fails, the mark is removed if it
 //     is still this handling's, so that the redelivery runs the handler.
+//     When it succeeds and produced messages, which the router publishes
+//     after the middleware returns, the mark stays in progress until the
+//     message is settled (its context ends): done if it was Acked, removed
+//     if not, so that a failed publish of the produced messages runs the
+//     handler again instead of losing them.
 //
 // So a handler that fails and then succeeds runs twice and is marked once,
 // and two deliveries of one UUID at the same time run the handler once. What
@@ -245,35 +250,61 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		d.stats.handled.Add(1)
 		stop := d.renew(key, token)
 		produced, herr := h(msg)
-		stop()
-
-		// The marks are written even when the delivery's context has ended:
-		// the handler's outcome is known and must not be forgotten.
-		mctx := context.WithoutCancel(ctx)
-		if herr != nil {
-			released, err := compareAndDeleteScript.Run(mctx, d.config.Client, []string{key}, token).Int()
-			switch {
-			case err != nil:
-				d.stats.faults.Add(1)
-				d.logger.Error("Could not remove the in-progress mark of a failed message; its redelivery waits for the mark to expire", err,
-					watermill.LogFields{"message_uuid": msg.UUID, "key": key, "running_ttl": d.config.RunningTTL})
-			case released == 1:
-				d.stats.released.Add(1)
-			}
-			return produced, herr
-		}
-		ours, err := markDoneScript.Run(mctx, d.config.Client, []string{key}, token, d.config.Window.Milliseconds()).Int()
-		if err != nil {
-			d.stats.faults.Add(1)
-			d.logger.Error("Could not mark a handled message done; a duplicate of it would be handled again", err,
-				watermill.LogFields{"message_uuid": msg.UUID, "key": key})
+		if herr == nil && len(produced) > 0 && ctx.Done() != nil {
+			// The router publishes the produced messages after this returns
+			// and Nacks msg if that fails: a done mark now would make the
+			// redelivery skip the handler and lose them. The mark stays in
+			// progress until msg is settled, which ends its context.
+			context.AfterFunc(ctx, func() {
+				stop()
+				select {
+				case <-msg.Acked():
+					d.markDone(ctx, msg, key, token)
+				default:
+					d.release(ctx, msg, key, token)
+				}
+			})
 			return produced, nil
 		}
-		d.stats.marked.Add(1)
-		if ours == 0 {
-			d.stats.lostMarks.Add(1)
+		stop()
+		if herr != nil {
+			d.release(ctx, msg, key, token)
+			return produced, herr
 		}
+		d.markDone(ctx, msg, key, token)
 		return produced, nil
+	}
+}
+
+// release removes the in-progress mark token of a handling that failed, if
+// it is still there, so that the redelivery runs the handler. The mark is
+// written even when ctx has ended: the handler's outcome is known and must
+// not be forgotten.
+func (d *Deduplicator) release(ctx context.Context, msg *message.Message, key, token string) {
+	released, err := compareAndDeleteScript.Run(context.WithoutCancel(ctx), d.config.Client, []string{key}, token).Int()
+	switch {
+	case err != nil:
+		d.stats.faults.Add(1)
+		d.logger.Error("Could not remove the in-progress mark of a failed message; its redelivery waits for the mark to expire", err,
+			watermill.LogFields{"message_uuid": msg.UUID, "key": key, "running_ttl": d.config.RunningTTL})
+	case released == 1:
+		d.stats.released.Add(1)
+	}
+}
+
+// markDone marks the message of a handling that succeeded done, even when
+// ctx has ended.
+func (d *Deduplicator) markDone(ctx context.Context, msg *message.Message, key, token string) {
+	ours, err := markDoneScript.Run(context.WithoutCancel(ctx), d.config.Client, []string{key}, token, d.config.Window.Milliseconds()).Int()
+	if err != nil {
+		d.stats.faults.Add(1)
+		d.logger.Error("Could not mark a handled message done; a duplicate of it would be handled again", err,
+			watermill.LogFields{"message_uuid": msg.UUID, "key": key})
+		return
+	}
+	d.stats.marked.Add(1)
+	if ours == 0 {
+		d.stats.lostMarks.Add(1)
 	}
 }
 
@@ -438,7 +469,7 @@ func (c ExpiringKeyRepositoryConfig) Validate() error {
 // redelivery is taken for a duplicate and dropped: delivery becomes at most
 // once for those messages. Prefer [Deduplicator], which marks a message
 // only after its handler succeeded; use this where that loss is acceptable,
-// or for the publisher decorator (Deduplicator.PublisherDecorator).
+// or for the publisher decorator of Watermill's middleware.Deduplicator.
 type ExpiringKeyRepository struct {
 	config ExpiringKeyRepositoryConfig
 }

@@ -339,3 +339,55 @@ func BenchmarkConsumeRouterDedup(b *testing.B) {
 		})
 	}
 }
+
+// failFirstPublish fails its first Publish call and passes the others on.
+type failFirstPublish struct {
+	message.Publisher
+	calls atomic.Int32
+}
+
+func (p *failFirstPublish) Publish(topic string, msgs ...*message.Message) error {
+	if p.calls.Add(1) == 1 {
+		return errors.New("publishing the produced messages failed")
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// A handler's produced messages are published by the router after the
+// middleware returns; when that fails, the router Nacks the message. The
+// redelivery must run the handler again, or the produced messages are lost.
+func TestDedupProducedMessagesSurviveAFailedPublish(t *testing.T) {
+	e := newEnv(t)
+	d := e.deduplicator()
+	out := e.topic + "-out"
+	pub := &failFirstPublish{Publisher: e.publisher()}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
+	require.NoError(t, err)
+	var runs atomic.Int32
+	router.AddHandler("produce", e.topic, e.subscriber("g", "c", fastRedelivery), out, pub,
+		func(msg *message.Message) ([]*message.Message, error) {
+			runs.Add(1)
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+		}).AddMiddleware(d.Middleware)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, <-done)
+	})
+	<-router.Running()
+
+	msg := e.publish(1)[0]
+	waitUntil(t, "the produced message is published, the input Acked and marked done", func() bool {
+		return e.client.XLen(context.Background(), out).Val() == 1 && e.pendingCount(e.topic, "g") == 0 &&
+			d.Stats().Marked == 1
+	})
+	if got := runs.Load(); got != 2 {
+		t.Fatalf("handler ran %d times, want 2 (the first run's output was not published)", got)
+	}
+	assert.Equal(t, "done", e.client.Get(context.Background(), e.markKey("g", msg.UUID)).Val())
+	got := d.Stats()
+	if got.Handled != 2 || got.Marked != 1 || got.Released != 1 || got.Skipped != 0 {
+		t.Fatalf("stats %+v, want Handled 2, Marked 1, Released 1, Skipped 0", got)
+	}
+}

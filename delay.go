@@ -2,6 +2,7 @@ package valkeystream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -31,19 +32,25 @@ const DefaultDelayedPollInterval = 100 * time.Millisecond
 // delayedMoveBatch is the most delayed messages one move appends.
 const delayedMoveBatch = 100
 
-// delayedSuffix ends the key of a topic's sorted set of delayed messages.
-const delayedSuffix = ":delayed"
+// delayedSuffix ends the key of the sorted set of delayed messages of a
+// stream key without a hash tag, and delayedTaggedSuffix that of one with a
+// hash tag. They differ so that two streams never share a sorted set: the
+// sorted set of "{orders}" is not the one of "orders".
+const (
+	delayedSuffix       = ":delayed"
+	delayedTaggedSuffix = ".delayed"
+)
 
 // DelayedKey returns the key of the sorted set that holds the delayed
 // messages of the stream key streamKey (KeyPrefix plus topic). It lies in the
 // same cluster slot as the stream: when streamKey has a hash tag ("{...}"),
-// it is streamKey plus ":delayed"; otherwise streamKey is made the tag:
+// it is streamKey plus ".delayed"; otherwise streamKey is made the tag:
 // "{" + streamKey + "}:delayed". A stream key that has no hash tag but
 // contains '}' cannot share its slot with another key, so delayed messages
 // are refused for it.
 func DelayedKey(streamKey string) (string, error) {
 	if hasHashTag(streamKey) {
-		return streamKey + delayedSuffix, nil
+		return streamKey + delayedTaggedSuffix, nil
 	}
 	if strings.Contains(streamKey, "}") {
 		return "", fmt.Errorf("valkeystream: stream key %q contains '}' without a hash tag, so no other key can share its cluster slot: delayed messages need a topic without '}' or with a hash tag such as {orders}", streamKey)
@@ -175,7 +182,11 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 	}
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	if err := delayAddScript.Run(ctx, p.config.Client, []string{delayedKey, key}, args...).Err(); err != nil {
+	if err := p.combiners.wait.runScript(ctx, p.config.Client, key, delayAddScript, []string{delayedKey, key}, args...); err != nil {
+		p.failover.failed(p.config.Client, err)
+		if errors.Is(err, ErrNotReplicated) {
+			return fail(err)
+		}
 		return fail(fmt.Errorf("storing %d delayed messages in %q (and %d due now in %q): %w",
 			plan.delayed, delayedKey, len(msgs)-plan.delayed, key, err))
 	}
@@ -326,7 +337,9 @@ func (m *delayedMover) run(ctx context.Context, every time.Duration) {
 			failures++
 			m.faults.Add(1)
 			if failures == 1 {
-				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff", err,
+				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
+					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
+					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
 					watermill.LogFields{"delayed_key": m.keys[0]})
 			}
 			next = max(every, backoff(failures))

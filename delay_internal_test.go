@@ -98,8 +98,9 @@ func TestDelayedKeySharesTheStreamsSlot(t *testing.T) {
 	for _, tc := range []struct{ stream, want string }{
 		{"orders", "{orders}:delayed"},
 		{"app:orders", "{app:orders}:delayed"},
-		{"{orders}.eu", "{orders}.eu:delayed"},
-		{"app:{orders}", "app:{orders}:delayed"},
+		{"{orders}.eu", "{orders}.eu.delayed"},
+		{"app:{orders}", "app:{orders}.delayed"},
+		{"{orders}", "{orders}.delayed"},
 		{"a{b", "{a{b}:delayed"},
 	} {
 		got, err := DelayedKey(tc.stream)

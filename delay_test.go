@@ -410,3 +410,58 @@ func BenchmarkPublishDelayed(b *testing.B) {
 		})
 	}
 }
+
+// With WaitReplicas, a Publish that carries delayed messages waits for the
+// replicas too: on a server without replicas it fails with ErrNotReplicated
+// like any other Publish, naming every message of the call, and the
+// messages are stored all the same.
+func TestDelayedPublishWaitsForReplicas(t *testing.T) {
+	e := newEnv(t)
+	pub := e.publisher(func(c *valkeystream.PublisherConfig) {
+		c.WaitReplicas = 1
+		c.WaitTimeout = 50 * time.Millisecond
+	})
+	plain := newMessages(1)
+	requireNotReplicated(t, pub.Publish(e.topic, plain...), plain)
+
+	msgs := []*message.Message{delayed("later", delay.For(time.Minute)), newMessages(1)[0]}
+	requireNotReplicated(t, pub.Publish(e.topic, msgs...), msgs)
+
+	delayedKey, err := valkeystream.DelayedKey(e.topic)
+	require.NoError(t, err)
+	if got := e.client.ZCard(context.Background(), delayedKey).Val(); got != 1 {
+		t.Fatalf("%d delayed messages stored, want 1", got)
+	}
+	if got := e.client.XLen(context.Background(), e.topic).Val(); got != 2 {
+		t.Fatalf("%d entries in the stream, want 2 (the plain one and the one due now)", got)
+	}
+}
+
+// A topic and the same name in a hash tag ("orders" and "{orders}") are two
+// streams: each one's delayed messages reach its own stream only.
+func TestDelayedMessagesStayWithTheirTopicBesideItsHashTaggedTwin(t *testing.T) {
+	e := newEnv(t)
+	tagged := "{" + e.topic + "}"
+	plainKey, err := valkeystream.DelayedKey(e.topic)
+	require.NoError(t, err)
+	taggedKey, err := valkeystream.DelayedKey(tagged)
+	require.NoError(t, err)
+	if plainKey == taggedKey {
+		t.Fatalf("DelayedKey(%q) and DelayedKey(%q) are both %q", e.topic, tagged, plainKey)
+	}
+
+	pub := e.publisher()
+	msg := delayed("tagged", delay.For(50*time.Millisecond))
+	require.NoError(t, pub.Publish(tagged, msg))
+	plain := e.subscribe(e.subscriber("g", "c")) // moves the plain topic's delayed messages
+	sub := e.subscriber("g", "c")
+	taggedMsgs, err := sub.Subscribe(context.Background(), tagged)
+	require.NoError(t, err)
+	got := receive(t, taggedMsgs)
+	require.Equal(t, msg.UUID, got.UUID)
+	got.Ack()
+	expectNothing(t, plain, 300*time.Millisecond)
+	if n := e.client.XLen(context.Background(), e.topic).Val(); n != 0 {
+		t.Fatalf("%d entries in stream %q, want 0: a delayed message of %q went there", n, e.topic, tagged)
+	}
+}

@@ -24,6 +24,10 @@ type sampler struct {
 	metrics []prometheus.Metric
 	samples float64
 	errors  float64
+
+	// lagReported is whether the server's XINFO GROUPS has the groups' lag
+	// (Redis 7.0 and later, every Valkey): 0 until known, 1 yes, -1 no.
+	lagReported int8
 }
 
 func (s *sampler) collect(ch chan<- prometheus.Metric, targets map[target]bool) {
@@ -58,6 +62,10 @@ func (s *sampler) sample(targets map[target]bool) {
 	streams, groups := sortedTargets(targets)
 	pipe := s.config.Client.Pipeline()
 	serverTime := pipe.Time(ctx)
+	var serverInfo *redis.StringCmd
+	if s.lagReported == 0 {
+		serverInfo = pipe.Info(ctx, "server")
+	}
 	lengths := make([]*redis.IntCmd, len(streams))
 	deads := make([]*redis.IntCmd, len(streams))
 	infos := make([]*redis.XInfoGroupsCmd, len(streams))
@@ -99,6 +107,15 @@ func (s *sampler) sample(targets map[target]bool) {
 		out = append(out, prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...))
 	}
 
+	if serverInfo != nil {
+		if text, err := serverInfo.Result(); err == nil {
+			s.lagReported = 1
+			if serverMajor(text) < 7 {
+				s.lagReported = -1
+			}
+		}
+	}
+
 	info := map[[2]string]redis.XInfoGroup{}
 	for i, stream := range streams {
 		if n, err := lengths[i].Result(); ok(err) {
@@ -121,7 +138,8 @@ func (s *sampler) sample(targets map[target]bool) {
 		labels := []string{g.stream, g.group}
 		gauge(descPending, float64(gi.Pending), labels...)
 		gauge(descConsumers, float64(gi.Consumers), labels...)
-		if gi.Lag >= 0 {
+		// Before Redis 7.0 the reply has no lag, which go-redis reads as 0.
+		if gi.Lag >= 0 && s.lagReported >= 0 {
 			gauge(descLag, float64(gi.Lag), labels...)
 		}
 		if sum, err := g.summary.Result(); ok(err) {
@@ -161,4 +179,15 @@ func idTime(id string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMilli(n), true
+}
+
+// serverMajor returns the major version in an INFO server reply, or 0.
+func serverMajor(info string) int {
+	_, rest, found := strings.Cut(info, "redis_version:")
+	if !found {
+		return 0
+	}
+	major, _, _ := strings.Cut(rest, ".")
+	n, _ := strconv.Atoi(strings.TrimSpace(major))
+	return n
 }

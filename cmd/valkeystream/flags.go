@@ -139,6 +139,8 @@ type env struct {
 	stdin  *bufio.Reader
 	stdout io.Writer
 	stderr io.Writer
+
+	lagKnown *bool // whether the server reports a group's lag; nil until asked
 }
 
 func (e *env) close() { _ = e.client.Close() }

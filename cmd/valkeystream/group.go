@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,7 +79,35 @@ func (e *env) groups(ctx context.Context, stream string) ([]redis.XInfoGroup, er
 	if err != nil {
 		return nil, e.serverErr("reading the groups of stream "+strconv.Quote(stream), err)
 	}
+	if !e.reportsLag(ctx) {
+		// The reply has no lag (before Redis 7.0), which go-redis reads as 0.
+		for i := range groups {
+			groups[i].Lag = -1
+		}
+	}
 	return groups, nil
+}
+
+// reportsLag reports whether the server's XINFO GROUPS has the groups' lag:
+// Redis 7.0 and later, and every Valkey (which reports a redis_version of 7.2).
+func (e *env) reportsLag(ctx context.Context) bool {
+	if e.lagKnown == nil {
+		info, err := e.client.Info(ctx, "server").Result()
+		known := err != nil || serverMajor(info) >= 7 // on doubt, trust the reply
+		e.lagKnown = &known
+	}
+	return *e.lagKnown
+}
+
+// serverMajor returns the major version in an INFO server reply, or 0.
+func serverMajor(info string) int {
+	_, rest, found := strings.Cut(info, "redis_version:")
+	if !found {
+		return 0
+	}
+	major, _, _ := strings.Cut(rest, ".")
+	n, _ := strconv.Atoi(strings.TrimSpace(major))
+	return n
 }
 
 func listGroups(ctx context.Context, e *env, stream string) error {

@@ -249,15 +249,20 @@ func TestGroup(t *testing.T) {
 	c := newClient(t, srv)
 	pendingFixture(t, c)
 
+	// Redis 6.2's XINFO GROUPS has no lag: the command shows "-" there.
+	wantLag := "1"
+	if info := c.Info(context.Background(), "server").Val(); strings.Contains(info, "redis_version:6.") {
+		wantLag = "-"
+	}
 	out := ok(t, srv.Addr(), "group", "s")
 	rows := columns(out)
-	if len(rows) != 2 || rows[1][0] != "g" || rows[1][1] != "2" || rows[1][2] != "4" || rows[1][3] != "1" {
-		t.Errorf("group list:\n%s\nwant g with 2 consumers, 4 pending, lag 1", out)
+	if len(rows) != 2 || rows[1][0] != "g" || rows[1][1] != "2" || rows[1][2] != "4" || rows[1][3] != wantLag {
+		t.Errorf("group list:\n%s\nwant g with 2 consumers, 4 pending, lag %s", out, wantLag)
 	}
 
 	gi := decode[groupInfo](t, ok(t, srv.Addr(), "group", "s", "g", "--json"))
-	if gi.Pending != 4 || gi.Lag == nil || *gi.Lag != 1 || gi.Consumers != 2 {
-		t.Errorf("got pending %d, lag %v, consumers %d; want 4, 1, 2", gi.Pending, lagText(gi.Lag), gi.Consumers)
+	if gi.Pending != 4 || lagText(gi.Lag) != wantLag || gi.Consumers != 2 {
+		t.Errorf("got pending %d, lag %v, consumers %d; want 4, %s, 2", gi.Pending, lagText(gi.Lag), gi.Consumers, wantLag)
 	}
 	got := map[string]int64{}
 	for _, ci := range gi.ConsumerList {

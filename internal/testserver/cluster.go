@@ -52,7 +52,7 @@ func serverBinary(t testing.TB, what string) string {
 
 // StartCluster starts six cluster-enabled server processes on free loopback
 // ports (three masters, one replica each, cluster-node-timeout
-// ClusterNodeTimeout), joins them with CLUSTER MEET, ADDSLOTSRANGE and
+// ClusterNodeTimeout), joins them with CLUSTER MEET, ADDSLOTS and
 // REPLICATE, waits until every node reports cluster_state:ok and every
 // replica is in sync, and registers their shutdown with t.Cleanup. It uses
 // the same binary as Start; it skips the test when only an external server
@@ -129,7 +129,13 @@ func (c *Cluster) create(ctx context.Context) error {
 	}
 	ranges := [3][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
 	for i, r := range ranges {
-		if _, err := do(ctx, c.nodes[i].addr, "CLUSTER", "ADDSLOTSRANGE", r[0], r[1]); err != nil {
+		// CLUSTER ADDSLOTS with every slot, not ADDSLOTSRANGE, which
+		// Redis 6.2 does not have.
+		args := []any{"CLUSTER", "ADDSLOTS"}
+		for slot := r[0]; slot <= r[1]; slot++ {
+			args = append(args, slot)
+		}
+		if _, err := do(ctx, c.nodes[i].addr, args...); err != nil {
 			return err
 		}
 	}

@@ -219,10 +219,7 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 func TestNoReclaimNeverClaims(t *testing.T) {
 	e := newEnv(t)
 	e.publish(1)
-	gone := e.subscriber("g", "gone")
-	receive(t, e.subscribe(gone))
-	require.NoError(t, gone.Close())
-
+	gone := e.readAs("g", "gone", 1)
 	client, claims := e.commandCounter("xautoclaim")
 	msgs := e.subscribe(e.subscriber("g", "peer", shortClaim, onClient(client),
 		func(c *valkeystream.SubscriberConfig) { c.ClaimInterval = valkeystream.NoReclaim }))
@@ -233,10 +230,16 @@ func TestNoReclaimNeverClaims(t *testing.T) {
 	reads := func() int64 { return e.serverCalls("xreadgroup") - reads0 }
 	waitUntil(t, "twenty reads", func() bool { return reads() >= 20 })
 	expectNothing(t, msgs, 100*time.Millisecond)
+	// A new entry shows the loop is alive.
+	fresh := e.publish(1)
+	got := receive(t, msgs)
+	assert.Equal(t, fresh[0].UUID, got.UUID, "only the new entry is delivered")
+	got.Ack()
 	assert.Equal(t, int64(0), claims.Load(), "XAUTOCLAIM calls")
 	p := e.pending("g")
-	require.Len(t, p, 1)
-	assert.Equal(t, "gone", p[0].Consumer)
+	require.NotEmpty(t, p)
+	assert.Equal(t, gone[0].ID, p[0].ID)
+	assert.Equal(t, "gone", p[0].Consumer, "the idle entry stays with the consumer that left")
 }
 
 // Slow handlers share a backlog: a subscription reads ahead only what its

@@ -50,6 +50,9 @@ const (
 	// DefaultPrefetchWindow is how much of the handler's time one read of
 	// new entries asks for (see SubscriberConfig.PrefetchWindow).
 	DefaultPrefetchWindow = 10 * time.Millisecond
+	// DefaultReadAheadBytes bounds, in bytes, the entries one read of a
+	// group subscription takes (see SubscriberConfig.ReadAheadBytes).
+	DefaultReadAheadBytes = 8 << 20
 	// DefaultCloseGrace is how long a closing subscription waits for the
 	// message in a handler's hands to be Acked or Nacked.
 	DefaultCloseGrace = 5 * time.Second
@@ -85,6 +88,10 @@ const (
 	// Error level with its raw fields, counted and acknowledged.
 	NoDeadLetter = "-"
 )
+
+// NoReadAheadLimit, as SubscriberConfig.ReadAheadBytes, bounds reads only
+// in entries (BatchSize and PrefetchWindow), whatever their size.
+const NoReadAheadLimit int64 = -1
 
 // NeverRemoveConsumers, as SubscriberConfig.RemoveIdleConsumersAfter, keeps
 // every consumer in the group: none is ever removed.
@@ -245,9 +252,25 @@ type SubscriberConfig struct {
 	// slow one (10 ms or more a message, with the default) reads one entry
 	// at a time and leaves a backlog to its peers, and a crash strands
 	// little. FullBatches (-1) always asks for BatchSize. Drains and claims
-	// always ask for BatchSize. Only used with ConsumerGroup. Default:
+	// always ask for BatchSize. ReadAheadBytes bounds all of these reads
+	// in bytes as well. Only used with ConsumerGroup. Default:
 	// DefaultPrefetchWindow.
 	PrefetchWindow time.Duration
+
+	// ReadAheadBytes bounds, in bytes, how much one read takes: the
+	// subscription estimates an entry's size from the entries it has read
+	// (a moving average of the summed lengths of their field names and
+	// values) and asks for at most as many entries as fit in this bound, at
+	// least 1, and 1 before it has seen any. So with large payloads a
+	// subscription holds about this much read ahead instead of BatchSize
+	// payloads, like Kafka's fetch.max.bytes; a payload larger than the
+	// bound is still read, one at a time. It applies to reads of new
+	// entries (after PrefetchWindow), to drains of the consumer's own
+	// pending entries and to claims, which hold payloads just the same. The
+	// estimate is an average: entries of mixed sizes can pass the bound.
+	// NoReadAheadLimit (-1) bounds reads in entries only. Only used with
+	// ConsumerGroup. Default: DefaultReadAheadBytes (8 MiB).
+	ReadAheadBytes int64
 
 	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
 	// cancelled Subscribe context wait up to about this long for a read in
@@ -367,6 +390,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.CloseGrace == 0 {
 		c.CloseGrace = DefaultCloseGrace
 	}
+	if c.ReadAheadBytes == 0 {
+		c.ReadAheadBytes = DefaultReadAheadBytes
+	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = DefaultDeadLetterSuffix
 	}
@@ -403,6 +429,8 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: NackResendDelay is %s: it must be positive, 0 (the default) or NackAtOnce (-1)", ErrInvalidConfig, c.NackResendDelay)
 	case c.PrefetchWindow < 0 && c.PrefetchWindow != FullBatches:
 		return fmt.Errorf("%w: PrefetchWindow is %s: it must be positive, 0 (the default) or FullBatches (-1)", ErrInvalidConfig, c.PrefetchWindow)
+	case c.ReadAheadBytes < 0 && c.ReadAheadBytes != NoReadAheadLimit:
+		return fmt.Errorf("%w: ReadAheadBytes is %d: it must be positive, 0 (the default) or NoReadAheadLimit (-1)", ErrInvalidConfig, c.ReadAheadBytes)
 	case c.CloseGrace < 0 && c.CloseGrace != NoCloseGrace:
 		return fmt.Errorf("%w: CloseGrace is %s: it must be positive, 0 (the default) or NoCloseGrace (-1)", ErrInvalidConfig, c.CloseGrace)
 	case c.NackBackoffMax < 0:

@@ -75,7 +75,7 @@ func newGroupLoop(s *Subscriber, key, consumer string, out chan *message.Message
 		out:      out,
 		logger:   logger,
 		plan:     newFetchPlan(s.config.ClaimInterval),
-		prefetch: newPrefetch(s.config.BatchSize, s.config.PrefetchWindow),
+		prefetch: newPrefetch(s.config.BatchSize, s.config.PrefetchWindow, s.config.ReadAheadBytes),
 		acks:     newAckBatch(s.config.AckFlushInterval),
 		lease:    newLease(s.config.ClaimMinIdle),
 		retries:  retries{sub: s, logger: logger},
@@ -152,7 +152,7 @@ func (l *groupLoop) readOwn(ctx context.Context) ([]redis.XMessage, error) {
 		Group:    l.group,
 		Consumer: l.consumer,
 		Streams:  []string{l.key, l.plan.drainFrom},
-		Count:    l.cfg.BatchSize,
+		Count:    l.prefetch.batch(),
 		Block:    -1,
 	}).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -223,7 +223,7 @@ func (l *groupLoop) sweep(ctx context.Context) error {
 
 func (l *groupLoop) claim(ctx context.Context) error {
 	reply, err := l.client.Do(ctx, "XAUTOCLAIM", l.key, l.group, l.consumer,
-		l.cfg.ClaimMinIdle.Milliseconds(), l.plan.claimFrom, "COUNT", l.cfg.BatchSize).Slice()
+		l.cfg.ClaimMinIdle.Milliseconds(), l.plan.claimFrom, "COUNT", l.prefetch.batch()).Slice()
 	if err != nil {
 		return fmt.Errorf("reclaiming idle entries: %w", err)
 	}
@@ -309,6 +309,7 @@ func (l *groupLoop) enqueueNew(streams []redis.XStream) int {
 		for _, m := range s.Messages {
 			// A first delivery: the server's count is 1 by definition.
 			l.queue = append(l.queue, entry{id: m.ID, fields: m.Values, count: 1})
+			l.prefetch.read(m.Values)
 			n++
 		}
 	}
@@ -324,6 +325,7 @@ func (l *groupLoop) enqueueWithCounts(ctx context.Context, msgs []redis.XMessage
 	for i, m := range msgs {
 		entries[i] = entry{id: m.ID, fields: m.Values}
 		ids[i] = m.ID
+		l.prefetch.read(m.Values)
 	}
 	counts, err := l.hold(ctx, ids)
 	if err != nil {

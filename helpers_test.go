@@ -427,8 +427,12 @@ func (e *env) readAs(group, consumer string, n int64) []redis.XMessage {
 }
 
 // fullBatches makes a Subscriber read whole batches ahead however slow the
-// handler, so that a test can hold entries in its queue.
-func fullBatches(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = valkeystream.FullBatches }
+// handler, from its first read on (no byte bound, which reads one entry
+// before it knows their size), so that a test can hold entries in its queue.
+func fullBatches(c *valkeystream.SubscriberConfig) {
+	c.PrefetchWindow = valkeystream.FullBatches
+	c.ReadAheadBytes = valkeystream.NoReadAheadLimit
+}
 
 // publishAtOnce adds n messages in one MULTI/EXEC, so that a reader blocked
 // on the stream wakes up to all of them at once, and returns them.

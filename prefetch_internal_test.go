@@ -1,6 +1,7 @@
 package valkeystream
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,7 +26,7 @@ func TestPrefetchFollowsTheHandler(t *testing.T) {
 		{"a handler slower than the window reads one", 2 * time.Second, 1},
 	}
 	for _, tt := range tests {
-		p := newPrefetch(100, 10*time.Millisecond)
+		p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
 		if got := p.count(); got != 1 {
 			t.Fatalf("%s: count before any message = %d, want 1", tt.name, got)
 		}
@@ -38,7 +39,7 @@ func TestPrefetchFollowsTheHandler(t *testing.T) {
 
 func TestPrefetchAdaptsBothWays(t *testing.T) {
 	t0 := time.Unix(0, 0)
-	p := newPrefetch(100, 10*time.Millisecond)
+	p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
 	for range 20 {
 		p.handedOver(t0)
 		p.settled(t0.Add(100 * time.Millisecond))
@@ -56,7 +57,7 @@ func TestPrefetchAdaptsBothWays(t *testing.T) {
 }
 
 func TestPrefetchFullBatches(t *testing.T) {
-	p := newPrefetch(100, FullBatches)
+	p := newPrefetch(100, FullBatches, NoReadAheadLimit)
 	if got := p.count(); got != 100 {
 		t.Fatalf("count before any message = %d, want 100", got)
 	}
@@ -65,5 +66,72 @@ func TestPrefetchFullBatches(t *testing.T) {
 	p.settled(t0.Add(time.Second))
 	if got := p.count(); got != 100 {
 		t.Fatalf("count after a slow message = %d, want 100", got)
+	}
+}
+
+// entryOf returns the fields of an entry whose names and values sum to size
+// bytes.
+func entryOf(size int) map[string]any {
+	return map[string]any{"p": strings.Repeat("x", size-1)}
+}
+
+func TestPrefetchBoundsReadsInBytes(t *testing.T) {
+	tests := []struct {
+		name       string
+		window     time.Duration
+		maxBytes   int64
+		size       int // each entry's size
+		wantCount  int64
+		wantBatch  int64
+		wantBefore int64 // count before any entry was seen
+	}{
+		{"small entries read full batches", FullBatches, 8 << 20, 100, 100, 100, 1},
+		{"256 KiB entries read four in 1 MiB", FullBatches, 1 << 20, 256 << 10, 4, 4, 1},
+		{"entries above the bound read one", FullBatches, 1 << 20, 4 << 20, 1, 1, 1},
+		{"the window still caps", 10 * time.Millisecond, 8 << 20, 100, 10, 100, 1},
+		{"the byte bound caps below the window", 10 * time.Millisecond, 1 << 20, 256 << 10, 4, 4, 1},
+		{"no byte bound", FullBatches, NoReadAheadLimit, 4 << 20, 100, 100, 100},
+	}
+	t0 := time.Unix(0, 0)
+	for _, tt := range tests {
+		p := newPrefetch(100, tt.window, tt.maxBytes)
+		if got := p.count(); got != tt.wantBefore {
+			t.Errorf("%s: count before any entry = %d, want %d", tt.name, got, tt.wantBefore)
+		}
+		for range 20 {
+			p.read(entryOf(tt.size))
+			p.handedOver(t0)
+			p.settled(t0.Add(time.Millisecond))
+		}
+		if got := p.count(); got != tt.wantCount {
+			t.Errorf("%s: count = %d, want %d", tt.name, got, tt.wantCount)
+		}
+		if got := p.batch(); got != tt.wantBatch {
+			t.Errorf("%s: batch = %d, want %d", tt.name, got, tt.wantBatch)
+		}
+	}
+}
+
+func TestPrefetchSizeFollowsTheEntries(t *testing.T) {
+	p := newPrefetch(100, FullBatches, 1<<20)
+	for range 50 {
+		p.read(entryOf(1 << 20))
+	}
+	if got := p.count(); got != 1 {
+		t.Fatalf("after 1 MiB entries: count = %d, want 1", got)
+	}
+	for range 100 {
+		p.read(entryOf(1 << 10))
+	}
+	if got := p.count(); got != 100 {
+		t.Fatalf("after 1 KiB entries: count = %d, want 100", got)
+	}
+}
+
+func TestPrefetchReadDoesNotAllocate(t *testing.T) {
+	p := newPrefetch(100, FullBatches, 1<<20)
+	fields := map[string]any{"uuid": "abc", "payload": "0123456789", "n": int64(3)}
+	if got := testing.AllocsPerRun(100, func() { p.read(fields) }); got != 0 {
+		t.Errorf("allocations per read = %v, want 0", got)
 	}
 }

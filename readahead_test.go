@@ -46,9 +46,9 @@ func TestReadAheadBytesBoundsLargeEntries(t *testing.T) {
 		size    = 256 << 10
 	)
 	tests := []struct {
-		name          string
-		bound         int64
-		maxReadAhead  int64 // most entries held read ahead while one is in hand
+		name         string
+		bound        int64
+		maxReadAhead int64 // most entries held read ahead while one is in hand
 		minReadAhead int64
 	}{
 		// A read takes 3 entries of a little over 256 KiB: 2 wait while

@@ -103,6 +103,7 @@ func unmarshalRedisstream(fields map[string]any) (*message.Message, error) {
 			md = s
 		}
 	}
+	// One copy of the payload, as in DefaultMarshaler.Unmarshal.
 	msg := message.NewMessage(uuid, message.Payload(payload))
 	if md == "" {
 		return msg, nil

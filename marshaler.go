@@ -176,6 +176,9 @@ func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, erro
 	if !ok {
 		return nil, fmt.Errorf("%w: entry of message %s has no %q field", ErrInvalidEntry, uuid, FieldPayload)
 	}
+	// The one copy of the payload on its way in: go-redis hands values
+	// over as strings and a message holds bytes. The string is dropped
+	// with the entry once its message is decoded.
 	msg := message.NewMessage(uuid, message.Payload(payload))
 	for k, v := range fields {
 		if k == FieldUUID || k == FieldPayload {

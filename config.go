@@ -78,7 +78,8 @@ const (
 	// off: the subscription never reclaims entries of other consumers.
 	NoReclaim time.Duration = -1
 	// FullBatches, as SubscriberConfig.PrefetchWindow, makes every read of
-	// new entries ask for BatchSize, however slow the handler.
+	// new entries ask for BatchSize, however slow the handler (within
+	// SubscriberConfig.ReadAheadBytes).
 	FullBatches time.Duration = -1
 	// NoCloseGrace, as SubscriberConfig.CloseGrace, ends a subscription
 	// without waiting for the message in a handler's hands.

@@ -280,9 +280,11 @@ func TestKilledProcessGetsItsNameAndPendingEntriesBack(t *testing.T) {
 	e := newEnv(t)
 	bin := buildCrashWorker(t)
 	const ttl = 2 * time.Second
-	// Full batches: the stalled worker reads all five at once.
+	// Full batches from the first read (no byte bound, which would read
+	// one entry before it knows their size): the stalled worker reads all
+	// five at once.
 	opts := []string{"-lease-ttl", ttl.String(), "-claim-min-idle", "1m", "-claim-interval", "1m", "-batch", "10",
-		"-prefetch", valkeystream.FullBatches.String()}
+		"-prefetch", valkeystream.FullBatches.String(), "-read-ahead-bytes", "-1"}
 	key := leaseKeyOf(e.topic, "g", "worker")
 	sent := e.publish(5)
 	first, _ := startWorker(t, e, bin, "worker", append([]string{"-stall"}, opts...)...)

@@ -55,6 +55,7 @@ func main() {
 		delayMax      = flag.Duration("delay-max", 5*time.Millisecond, "longest handler sleep")
 		batch         = flag.Int64("batch", 0, "SubscriberConfig.BatchSize (0: default)")
 		prefetch      = flag.Duration("prefetch", 0, "SubscriberConfig.PrefetchWindow (0: default, -1ns: FullBatches)")
+		readAhead     = flag.Int64("read-ahead-bytes", 0, "SubscriberConfig.ReadAheadBytes (0: default, -1: NoReadAheadLimit)")
 		block         = flag.Duration("block", 200*time.Millisecond, "SubscriberConfig.BlockTime")
 		claimInterval = flag.Duration("claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
 		claimMinIdle  = flag.Duration("claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
@@ -90,6 +91,7 @@ func main() {
 		AckFlushInterval: *ackFlush,
 		ConsumerLeaseTTL: *leaseTTL,
 		PrefetchWindow:   *prefetch,
+		ReadAheadBytes:   *readAhead,
 	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)

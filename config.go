@@ -36,9 +36,9 @@ const (
 	// so both kinds of dead letter of topic "orders" land in "orders.dead".
 	DefaultDeadLetterSuffix = ".dead"
 	// DefaultNackBackoffMin is, with the default NackResendDelay, the wait
-	// before a message Nacked on its first delivery is delivered again. The
-	// wait doubles with each delivery, as the server counts them, up to
-	// NackBackoffMax.
+	// before a message Nacked on its second delivery is delivered again (one
+	// Nacked on its first comes back at once). The wait doubles with each
+	// delivery, as the server counts them, up to NackBackoffMax.
 	DefaultNackBackoffMin = 25 * time.Millisecond
 	// DefaultNackBackoffMax caps the wait before a Nacked message is
 	// delivered again, with the default NackResendDelay: a handler that
@@ -301,9 +301,10 @@ type SubscriberConfig struct {
 	// delivered again: a positive value is a fixed wait, NackAtOnce (-1)
 	// does not wait. Acks and hold renewals go on meanwhile. Default (0): a
 	// backoff that grows with the delivery count, so that a handler that
-	// always fails does not spin: DefaultNackBackoffMin after the first
-	// delivery, doubling with each one (50 ms after the second, 100 ms after
-	// the third), up to NackBackoffMax. To give up on a message, use
+	// always fails does not spin: no wait after the first delivery (a
+	// passing failure costs nothing), DefaultNackBackoffMin after the second,
+	// doubling with each one (50 ms after the third, 100 ms after the
+	// fourth), up to NackBackoffMax. To give up on a message, use
 	// [DeadLetter].
 	NackResendDelay time.Duration
 

@@ -26,12 +26,13 @@ func TestNackDelay(t *testing.T) {
 		count int64
 		want  time.Duration
 	}{
-		{"first delivery", defaults, 1, 25 * time.Millisecond},
-		{"second delivery", defaults, 2, 50 * time.Millisecond},
-		{"third delivery", defaults, 3, 100 * time.Millisecond},
+		{"first delivery: at once", defaults, 1, 0},
+		{"second delivery", defaults, 2, 25 * time.Millisecond},
+		{"third delivery", defaults, 3, 50 * time.Millisecond},
+		{"fourth delivery", defaults, 4, 100 * time.Millisecond},
 		{"capped", defaults, 9, DefaultNackBackoffMax},
 		{"a huge count stays capped", defaults, 1 << 40, DefaultNackBackoffMax},
-		{"own cap", SubscriberConfig{NackBackoffMax: 10 * time.Second}, 6, 800 * time.Millisecond},
+		{"own cap", SubscriberConfig{NackBackoffMax: 10 * time.Second}, 7, 800 * time.Millisecond},
 		{"own cap reached", SubscriberConfig{NackBackoffMax: 10 * time.Second}, 20, 10 * time.Second},
 		{"fixed delay", SubscriberConfig{NackResendDelay: time.Second, NackBackoffMax: DefaultNackBackoffMax}, 7, time.Second},
 		{"at once", SubscriberConfig{NackResendDelay: NackAtOnce, NackBackoffMax: DefaultNackBackoffMax}, 7, 0},

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -65,6 +66,7 @@ func (r report) markdown(chartRef string) string {
 	r.writeThroughput(&w)
 	w.WriteString(bounds)
 	r.writeNack(&w)
+	r.writeMetricsCost(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)
@@ -102,7 +104,7 @@ type throughputRow struct {
 func (r report) writeThroughput(w *strings.Builder) {
 	var rows []throughputRow
 	for _, scn := range r.scenarios {
-		if scn.nack {
+		if scn.nack || slices.Contains(scn.sides, sideMetrics) {
 			continue
 		}
 		for _, size := range r.cfg.sizes {

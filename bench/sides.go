@@ -73,6 +73,7 @@ var sides = map[string]side{
 		rawPrefill: prefillRaw,
 		rawConsume: consumeRaw,
 	},
+	sideMetrics: metricsSide,
 }
 
 // valkeystream: the documented configuration, defaults otherwise.

@@ -420,6 +420,7 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 		switch w.next(ctx) {
 		case evSent:
 			l.sub.stats.delivered.Add(1)
+			l.sub.observe.delivered(l.key, l.group, l.inFlight)
 			w.sent()
 			l.decodeNext()
 		case evAcked:

@@ -142,9 +142,9 @@ func (r report) writeMetricsCost(w *strings.Builder) {
 	fmt.Fprintf(w, "### Cost of metrics\n\nThe same scenario without metrics, and with a `metrics.Collector`\n"+
 		"registered (the Publisher, or the Subscriber) and its registry gathered\n"+
 		"every %s, each time with a sample of the server: far more often than\n"+
-		"Prometheus scrapes. The ratio is the rate with metrics over the rate without (1.00:\n"+
-		"no cost); the paired ratios divide the two runs of each repetition, which\n"+
-		"ran one after the other, and show the noise.\n\n", metricsScrapeEvery)
+		"Prometheus scrapes. The ratio is the rate with metrics over the rate\n"+
+		"without (1.00: no cost); the paired ratios divide the two runs of each\n"+
+		"repetition, which ran one after the other, and show the noise.\n\n", metricsScrapeEvery)
 	w.WriteString("| scenario | payload | without metrics | with metrics | ratio | median paired ratio | paired ratios |\n")
 	w.WriteString("|---|---:|---:|---:|---:|---:|---|\n")
 	w.WriteString(strings.Join(rows, "\n") + "\n\n")

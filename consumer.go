@@ -449,6 +449,7 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 		case evSent:
 			l.prefetch.handedOver(time.Now())
 			l.sub.stats.delivered.Add(1)
+			l.sub.observe.delivered(l.key, l.group, l.inFlight)
 			w.sent()
 			l.decodeNext()
 		case evAcked:

@@ -173,8 +173,10 @@ func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
 // back.
 func (d deadLetter) giveUp(ctx context.Context, msg *message.Message, cause error) error {
 	if err := d.publish(ctx, msg, cause); err != nil {
+		deadLetterCounts.publishFailures.Add(1)
 		return errors.Join(cause, err)
 	}
+	deadLetterCounts.published.Add(1)
 	return nil
 }
 
@@ -249,6 +251,7 @@ func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
 			}
 			o := deliveryOrigin(ctx, msg)
 			o.stamp(msg.Metadata, err.Error())
+			deadLetterCounts.marked.Add(1)
 			return produced, fmt.Errorf("%w (delivery %s of message %s, limit %d): %w",
 				ErrDeliveryLimit, o.deliveryCount, msg.UUID, maxDeliveries, err)
 		}

@@ -68,6 +68,7 @@ func (l *fanOutLoop) handle(ctx context.Context, m redis.XMessage) bool {
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
+		l.sub.observe.delivered(l.key, "", m.ID)
 		result := l.deliver(ctx, msg)
 		cancel()
 		switch result {

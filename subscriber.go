@@ -36,6 +36,7 @@ type Subscriber struct {
 	closeErr  error
 
 	stats    counters
+	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
 	failover failover // helps the client through a failover; see failover.go
 }

@@ -15,6 +15,7 @@ var chartColors = map[string]string{
 	sideIncumbent:    "#e8833a",
 	sideRaw:          "#8a8a8a",
 	sideGoChannel:    "#c4c4c4",
+	sideMetrics:      "#7fb3de",
 }
 
 // chartLabels names the sides in the legend.
@@ -23,10 +24,11 @@ var chartLabels = map[string]string{
 	sideIncumbent:    "watermill-redisstream",
 	sideRaw:          "go-redis alone",
 	sideGoChannel:    "gochannel (in memory)",
+	sideMetrics:      "valkeystream, metrics scraped",
 }
 
 // chartSides is the order of the legend and of the bars within a group.
-var chartSides = []string{sideValkeystream, sideIncumbent, sideRaw, sideGoChannel}
+var chartSides = []string{sideValkeystream, sideMetrics, sideIncumbent, sideRaw, sideGoChannel}
 
 // chartSize is the payload size the chart shows: 64 bytes if measured, else
 // the first size.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -71,6 +72,7 @@ func (r report) markdown(chartRef string) string {
 	r.writeLatency(&w)
 	r.writeLarge(&w)
 	r.writeTopics(&w)
+	r.writeMetricsCost(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)
@@ -119,7 +121,7 @@ type throughputRow struct {
 func (r report) writeThroughput(w *strings.Builder) {
 	var rows []throughputRow
 	for _, scn := range r.scenarios {
-		if scn.nack || scn.kind != kindThroughput {
+		if scn.nack || scn.kind != kindThroughput || slices.Contains(scn.sides, sideMetrics) {
 			continue
 		}
 		for _, size := range r.cfg.allSizes() {

@@ -97,6 +97,15 @@ var scenarios = []scenario{
 		sides: []string{sideValkeystream, sideIncumbent},
 		kind:  kindTopics,
 	},
+	{
+		id: "metrics-publish", title: "publish, 64 goroutines, metrics scraped",
+		sides:   []string{sideValkeystream, sideMetrics},
+		publish: true, goroutines: 64, perCall: 1,
+	},
+	{
+		id: "metrics-consume", title: "consume, channel + Ack, metrics scraped",
+		sides: []string{sideValkeystream, sideMetrics},
+	},
 }
 
 // reference returns the name of the scenario's reference side, or "".

@@ -89,6 +89,7 @@ var sides = withPrefill(map[string]side{
 		rawPrefill: prefillRaw,
 		rawConsume: consumeRaw,
 	},
+	sideMetrics: metricsSide,
 })
 
 // withPrefill sets the prefill of every adapter side from its fill and

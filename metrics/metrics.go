@@ -65,6 +65,11 @@ type Config struct {
 	// whose length is reported as valkeystream_dead_letters. Default:
 	// valkeystream.DefaultDeadLetterSuffix.
 	DeadLetterSuffix string
+
+	// DeliveryAgeBuckets are the upper bounds, in seconds and increasing,
+	// of the buckets of valkeystream_delivery_age_seconds. Default:
+	// DefaultDeliveryAgeBuckets.
+	DeliveryAgeBuckets []float64
 }
 
 func (c *Config) setDefaults() {
@@ -80,6 +85,9 @@ func (c *Config) setDefaults() {
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = valkeystream.DefaultDeadLetterSuffix
 	}
+	if len(c.DeliveryAgeBuckets) == 0 {
+		c.DeliveryAgeBuckets = DefaultDeliveryAgeBuckets
+	}
 }
 
 // Validate reports the first problem with the configuration, as an error
@@ -93,6 +101,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: metrics Config.SampleTimeout is %s: it must be positive (0: %s)", valkeystream.ErrInvalidConfig, c.SampleTimeout, DefaultSampleTimeout)
 	case c.MaxPendingScan < 0:
 		return fmt.Errorf("%w: metrics Config.MaxPendingScan is %d: it must be positive (0: %d)", valkeystream.ErrInvalidConfig, c.MaxPendingScan, DefaultMaxPendingScan)
+	}
+	for i := 1; i < len(c.DeliveryAgeBuckets); i++ {
+		if c.DeliveryAgeBuckets[i] <= c.DeliveryAgeBuckets[i-1] {
+			return fmt.Errorf("%w: metrics Config.DeliveryAgeBuckets is %v: the bounds must increase", valkeystream.ErrInvalidConfig, c.DeliveryAgeBuckets)
+		}
 	}
 	return nil
 }
@@ -108,6 +121,7 @@ type Collector struct {
 	watched     map[target]bool
 
 	server sampler
+	ages   *ages
 }
 
 // target is a stream, and a group of it ("" for the stream alone), to
@@ -126,6 +140,7 @@ func NewCollector(config Config) (*Collector, error) {
 		subscribers: map[string]*valkeystream.Subscriber{},
 		publishers:  map[string]*valkeystream.Publisher{},
 		watched:     map[target]bool{},
+		ages:        newAges(config.DeliveryAgeBuckets),
 	}
 	c.server.config = &c.config
 	return c, nil
@@ -133,7 +148,9 @@ func NewCollector(config Config) (*Collector, error) {
 
 // AddSubscriber reports the counters of s under the label subscriber=name,
 // and the state of its subscriptions; with a Client, the streams and groups
-// it reads are sampled on the server. Each name may be used once.
+// it reads are sampled on the server. It makes the Collector the
+// DeliveryObserver of s (replacing any other), to report the age of
+// entries at delivery. Each name may be used once.
 func (c *Collector) AddSubscriber(name string, s *valkeystream.Subscriber) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -141,6 +158,7 @@ func (c *Collector) AddSubscriber(name string, s *valkeystream.Subscriber) error
 		return fmt.Errorf("valkeystream metrics: a subscriber named %q is registered already: give each a name of its own", name)
 	}
 	c.subscribers[name] = s
+	s.SetDeliveryObserver(ageObserver{ages: c.ages, subscriber: name})
 	return nil
 }
 
@@ -198,6 +216,22 @@ var subscriberCounters = []struct {
 	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
 }
 
+// subscriberGauges are the gauges of valkeystream.Stats, in order.
+var subscriberGauges = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.Stats) int64
+}{
+	{desc("subscriber_read_ahead", "Entries fetched and waiting in the subscriptions' queues to be delivered; with a group they are pending on the server.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.ReadAhead }},
+	{desc("subscriber_in_flight", "Messages taken from the queues and not settled yet: being handed over, in a handler, or waiting to be delivered again after a Nack.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InFlight }},
+}
+
+// The counters of the dead-letter middlewares of the process
+// (valkeystream.DeadLetterCounts).
+var (
+	descMiddlewareDeadLettered = desc("middleware_dead_lettered_total", "Messages given up by the DeadLetter middleware (published to the dead-letter topic) or the DeliveryLimit middleware (marked for a poison queue), in this process.", []string{"middleware"})
+	descMiddlewareDeadFailures = desc("middleware_dead_letter_failures_total", "Dead letters the DeadLetter middleware could not publish (the message was Nacked), in this process.", nil)
+)
+
 var publisherCounters = []struct {
 	desc *prometheus.Desc
 	get  func(valkeystream.PublisherStats) int64
@@ -234,13 +268,18 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range subscriberCounters {
 		ch <- s.desc
 	}
+	for _, s := range subscriberGauges {
+		ch <- s.desc
+	}
 	for _, p := range publisherCounters {
 		ch <- p.desc
 	}
 	for _, d := range []*prometheus.Desc{descRunning, descReady, descFailing, descLength, descDeadLetters, descLag,
-		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors} {
+		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors,
+		descMiddlewareDeadLettered, descMiddlewareDeadFailures} {
 		ch <- d
 	}
+	c.ages.vec.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -266,6 +305,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, sc := range subscriberCounters {
 			ch <- prometheus.MustNewConstMetric(sc.desc, prometheus.CounterValue, float64(sc.get(stats)), name)
 		}
+		for _, sg := range subscriberGauges {
+			ch <- prometheus.MustNewConstMetric(sg.desc, prometheus.GaugeValue, float64(sg.get(stats)), name)
+		}
 		for _, st := range s.Subscriptions() {
 			labels := []string{name, st.Stream, st.Group, st.Consumer}
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, boolValue(!st.Ended), labels...)
@@ -286,6 +328,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pc.desc, prometheus.CounterValue, float64(pc.get(stats)), name)
 		}
 	}
+	dead := valkeystream.DeadLetterCounts()
+	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadLettered, prometheus.CounterValue, float64(dead.Published), "DeadLetter")
+	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadLettered, prometheus.CounterValue, float64(dead.Marked), "DeliveryLimit")
+	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadFailures, prometheus.CounterValue, float64(dead.PublishFailures))
+	c.ages.vec.Collect(ch)
 	if c.config.Client != nil {
 		c.server.collect(ch, targets)
 	}

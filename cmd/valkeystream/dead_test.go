@@ -18,7 +18,7 @@ import (
 // deadLetters publishes n messages to topic and has a group's handler fail
 // on each with the DeadLetter middleware, which moves them to topic.dead.
 // It returns the messages' UUIDs.
-func deadLetters(t *testing.T, c *redis.Client, topic string, n int) []string {
+func deadLetters(t *testing.T, c redis.UniversalClient, topic string, n int) []string {
 	t.Helper()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: c}, nil)
 	if err != nil {
@@ -101,7 +101,7 @@ func TestDeadList(t *testing.T) {
 }
 
 // streamUUIDs returns the uuid field of every entry of stream, in order.
-func streamUUIDs(t *testing.T, c *redis.Client, stream string) []string {
+func streamUUIDs(t *testing.T, c redis.Cmdable, stream string) []string {
 	t.Helper()
 	msgs, err := c.XRange(context.Background(), stream, "-", "+").Result()
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,18 +26,20 @@ type flagSet struct {
 	db                        int
 	timeout                   time.Duration
 	json                      bool
+	cluster                   bool
 }
 
 func newFlagSet(c *command, stderr io.Writer, getenv func(string) string) *flagSet {
 	fs := &flagSet{FlagSet: flag.NewFlagSet(c.name, flag.ContinueOnError), cmd: c, getenv: getenv}
 	fs.SetOutput(io.Discard) // errors are printed by run, with advice
-	fs.StringVar(&fs.addr, "addr", "", "server `host:port` (env VALKEYSTREAM_ADDR; default 127.0.0.1:6379)")
+	fs.StringVar(&fs.addr, "addr", "", "server `host:port`, or several nodes of a cluster, comma-separated (env VALKEYSTREAM_ADDR; default 127.0.0.1:6379)")
 	fs.StringVar(&fs.url, "url", "", "server URL, redis://[user:password@]host:port[/db] or rediss:// for TLS (env VALKEYSTREAM_URL)")
 	fs.StringVar(&fs.user, "user", "", "ACL user name (env VALKEYSTREAM_USER)")
 	fs.StringVar(&fs.password, "password", "", "password; prefer the environment (env VALKEYSTREAM_PASSWORD)")
 	fs.IntVar(&fs.db, "db", 0, "database number")
 	fs.DurationVar(&fs.timeout, "timeout", 10*time.Second, "bound of each call to the server")
 	fs.BoolVar(&fs.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&fs.cluster, "cluster", false, "the server is a Redis or Valkey Cluster (env VALKEYSTREAM_CLUSTER=1); without the flag a cluster node is detected, --cluster=false skips that")
 	return fs
 }
 
@@ -116,13 +119,17 @@ func firstNonEmpty(s ...string) string {
 }
 
 // env returns what a command runs with.
-func (fs *flagSet) env(stdin io.Reader, stdout, stderr io.Writer) (*env, error) {
+func (fs *flagSet) env(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (*env, error) {
 	opt, err := fs.options()
 	if err != nil {
 		return nil, err
 	}
+	client, err := fs.connect(ctx, opt)
+	if err != nil {
+		return nil, err
+	}
 	return &env{
-		client: redis.NewClient(opt),
+		client: client,
 		addr:   opt.Addr,
 		json:   fs.json,
 		stdin:  bufio.NewReader(stdin),
@@ -133,7 +140,7 @@ func (fs *flagSet) env(stdin io.Reader, stdout, stderr io.Writer) (*env, error) 
 
 // env is what a command runs with: a client and the terminal.
 type env struct {
-	client *redis.Client
+	client redis.UniversalClient // a *redis.ClusterClient on a cluster
 	addr   string
 	json   bool
 	stdin  *bufio.Reader

@@ -7,7 +7,8 @@
 //
 // Run "valkeystream help" for the commands and "valkeystream <command>
 // --help" for one command's flags. The server is given by --addr or --url,
-// or by the VALKEYSTREAM_ADDR and VALKEYSTREAM_URL environment variables.
+// or by the VALKEYSTREAM_ADDR and VALKEYSTREAM_URL environment variables; a
+// cluster is detected, or named with --cluster.
 //
 // Exit codes: 0 success, 1 failure (the server refused, a key is missing, the
 // operator declined), 2 wrong usage.
@@ -105,7 +106,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "valkeystream %s: %v\nrun \"valkeystream %s --help\" for usage\n", c.name, err, c.name)
 		return exitUsage
 	}
-	e, err := fs.env(stdin, stdout, stderr)
+	e, err := fs.env(ctx, stdin, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "valkeystream %s: %v\n", c.name, err)
 		return exitUsage
@@ -161,6 +162,8 @@ Commands:
 The server: --addr host:port or --url redis://user:pass@host:port/db, else
 VALKEYSTREAM_ADDR or VALKEYSTREAM_URL, else 127.0.0.1:6379. --user and
 --password (or VALKEYSTREAM_USER, VALKEYSTREAM_PASSWORD) authenticate.
+A cluster node is detected (INFO cluster) and the whole cluster is used;
+--cluster says so without asking, and --addr may then list several nodes.
 Tables by default; --json prints JSON for scripts.
 
 Run "valkeystream <command> --help" for a command's flags.

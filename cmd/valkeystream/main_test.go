@@ -94,7 +94,7 @@ func newClient(t *testing.T, srv *testserver.Server) *redis.Client {
 }
 
 // add appends a message as DefaultMarshaler writes it and returns its id.
-func add(t *testing.T, c *redis.Client, stream, uuid, payload string, md map[string]string) string {
+func add(t *testing.T, c redis.Cmdable, stream, uuid, payload string, md map[string]string) string {
 	t.Helper()
 	msg := message.NewMessage(uuid, message.Payload(payload))
 	for k, v := range md {
@@ -221,7 +221,7 @@ func TestStreams(t *testing.T) {
 // pendingFixture makes stream s with 5 entries and group g: c1 has read 3
 // (the first claimed once more, so delivered twice), c2 has read 1, and one
 // entry is unread.
-func pendingFixture(t *testing.T, c *redis.Client) []string {
+func pendingFixture(t *testing.T, c redis.Cmdable) []string {
 	t.Helper()
 	ctx := context.Background()
 	var ids []string

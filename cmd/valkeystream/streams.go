@@ -104,8 +104,9 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 	return nil
 }
 
-// scanStreams returns up to limit stream keys starting with prefix, sorted.
-func scanStreams(ctx context.Context, c *redis.Client, prefix string, limit int) ([]string, error) {
+// scanNode returns up to limit stream keys starting with prefix, sorted, of
+// the one server c talks to.
+func scanNode(ctx context.Context, c redis.Cmdable, prefix string, limit int) ([]string, error) {
 	match := escapeGlob(prefix) + "*"
 	seen := map[string]bool{}
 	var cursor uint64

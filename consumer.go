@@ -416,6 +416,7 @@ func (l *groupLoop) handle(ctx, msgBase context.Context, e entry) bool {
 			return false
 		}
 		delay := nackDelay(l.cfg, e.count)
+		l.sub.stats.nackWaited(delay)
 		fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
 		if ok, held := l.nackLog.allow(time.Now()); ok {
 			fields["nacks_not_logged"] = held

@@ -78,7 +78,9 @@ func (l *fanOutLoop) handle(ctx context.Context, m redis.XMessage) bool {
 			return false
 		}
 		l.sub.stats.nacked.Add(1)
-		if !sleep(ctx, nackDelay(cfg, int64(count))) {
+		delay := nackDelay(cfg, int64(count))
+		l.sub.stats.nackWaited(delay)
+		if !sleep(ctx, delay) {
 			return false
 		}
 	}

@@ -1,6 +1,9 @@
 package valkeystream
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats are counters of a Subscriber since it was created, summed over its
 // subscriptions. This is where what each counts is stated; the other
@@ -16,6 +19,12 @@ type Stats struct {
 	Acked int64
 	// Nacked counts Nacks.
 	Nacked int64
+	// NackWaits counts Nacks after which the message waited before it was
+	// delivered again (see NackResendDelay: by default every Nack but a
+	// message's first); NackWaitSeconds is the sum of those waits. A
+	// growing NackWaits is a message, or a handler, that keeps failing.
+	NackWaits       int64
+	NackWaitSeconds float64
 	// Drained counts own pending entries queued for delivery by a drain
 	// after a start or a fault, whether or not they were delivered before
 	// the subscription ended.
@@ -50,24 +59,35 @@ type Stats struct {
 	InFlight int64
 }
 
+// nackWaited counts a wait of d before a Nacked message is delivered again.
+func (c *counters) nackWaited(d time.Duration) {
+	if d > 0 {
+		c.nackWaits.Add(1)
+		c.nackWaitNanos.Add(int64(d))
+	}
+}
+
 type counters struct {
 	delivered, acked, nacked, drained, reclaimed, missingBodies, invalidEntries, faults atomic.Int64
 	readAhead, inFlight                                                                 atomic.Int64
+	nackWaits, nackWaitNanos                                                            atomic.Int64
 }
 
 // Stats returns the Subscriber's counters and gauges.
 func (s *Subscriber) Stats() Stats {
 	c := &s.stats
 	return Stats{
-		Delivered:      c.delivered.Load(),
-		Acked:          c.acked.Load(),
-		Nacked:         c.nacked.Load(),
-		Drained:        c.drained.Load(),
-		Reclaimed:      c.reclaimed.Load(),
-		MissingBodies:  c.missingBodies.Load(),
-		InvalidEntries: c.invalidEntries.Load(),
-		Faults:         c.faults.Load(),
-		ReadAhead:      c.readAhead.Load(),
-		InFlight:       c.inFlight.Load(),
+		Delivered:       c.delivered.Load(),
+		Acked:           c.acked.Load(),
+		Nacked:          c.nacked.Load(),
+		NackWaits:       c.nackWaits.Load(),
+		NackWaitSeconds: time.Duration(c.nackWaitNanos.Load()).Seconds(),
+		Drained:         c.drained.Load(),
+		Reclaimed:       c.reclaimed.Load(),
+		MissingBodies:   c.missingBodies.Load(),
+		InvalidEntries:  c.invalidEntries.Load(),
+		Faults:          c.faults.Load(),
+		ReadAhead:       c.readAhead.Load(),
+		InFlight:        c.inFlight.Load(),
 	}
 }

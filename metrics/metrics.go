@@ -209,6 +209,7 @@ var subscriberCounters = []struct {
 	{desc("subscriber_delivered_total", "Messages sent on subscription channels, redeliveries included.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Delivered }},
 	{desc("subscriber_acked_total", "Entries acknowledged to the server (XACK).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Acked }},
 	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacked }},
+	{desc("subscriber_nack_waits_total", "Nacks after which the message waited (the Nack backoff) before it was delivered again.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NackWaits }},
 	{desc("subscriber_drained_total", "Own pending entries delivered again after a start or a fault.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Drained }},
 	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
@@ -259,6 +260,8 @@ var (
 	descCPending    = desc("consumer_pending", "Entries pending for the consumer.", labelConsumer)
 	descCIdle       = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
 
+	descNackWaitSeconds = desc("subscriber_nack_wait_seconds_total", "Time Nacked messages waited (the Nack backoff) before they were delivered again.", labelSubscriber)
+
 	descSamples      = desc("server_samples_total", "Samples of the server taken.", nil)
 	descSampleErrors = desc("server_sample_errors_total", "Samples of the server that failed in part or whole; the metrics they could not read are left out.", nil)
 )
@@ -271,6 +274,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range subscriberGauges {
 		ch <- s.desc
 	}
+	ch <- descNackWaitSeconds
 	for _, p := range publisherCounters {
 		ch <- p.desc
 	}
@@ -308,6 +312,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, sg := range subscriberGauges {
 			ch <- prometheus.MustNewConstMetric(sg.desc, prometheus.GaugeValue, float64(sg.get(stats)), name)
 		}
+		ch <- prometheus.MustNewConstMetric(descNackWaitSeconds, prometheus.CounterValue, stats.NackWaitSeconds, name)
 		for _, st := range s.Subscriptions() {
 			labels := []string{name, st.Stream, st.Group, st.Consumer}
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, boolValue(!st.Ended), labels...)

@@ -222,12 +222,14 @@ func TestSubscriberAndPublisher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nacked := false
+	// The first message is Nacked twice; each redelivery waits the fixed
+	// NackResendDelay.
+	nacks := 0
 	for acked := 0; acked < n; {
 		select {
 		case m := <-msgs:
-			if !nacked {
-				nacked = true
+			if nacks < 2 {
+				nacks++
 				m.Nack()
 				continue
 			}
@@ -249,10 +251,12 @@ func TestSubscriberAndPublisher(t *testing.T) {
 	st := sub.Stats()
 	g.want(t, "valkeystream_subscriber_delivered_total", "subscriber=billing", float64(st.Delivered))
 	g.want(t, "valkeystream_subscriber_acked_total", "subscriber=billing", n)
-	g.want(t, "valkeystream_subscriber_nacked_total", "subscriber=billing", 1)
+	g.want(t, "valkeystream_subscriber_nacked_total", "subscriber=billing", 2)
+	g.want(t, "valkeystream_subscriber_nack_waits_total", "subscriber=billing", 2)
+	g.want(t, "valkeystream_subscriber_nack_wait_seconds_total", "subscriber=billing", 2*time.Millisecond.Seconds())
 	g.want(t, "valkeystream_subscriber_faults_total", "subscriber=billing", 0)
-	if st.Delivered != n+1 {
-		t.Errorf("delivered %d, want %d (one redelivery after the Nack)", st.Delivered, n+1)
+	if st.Delivered != n+2 {
+		t.Errorf("delivered %d, want %d (two redeliveries after the Nacks)", st.Delivered, n+2)
 	}
 	labels := "consumer=w1,group=billing,stream=orders,subscriber=billing"
 	g.want(t, "valkeystream_subscription_running", labels, 1)
@@ -271,7 +275,7 @@ func TestSubscriberAndPublisher(t *testing.T) {
 valkeystream_publisher_calls_total{publisher="orders"} %d
 # HELP valkeystream_subscriber_nacked_total Messages Nacked by handlers.
 # TYPE valkeystream_subscriber_nacked_total counter
-valkeystream_subscriber_nacked_total{subscriber="billing"} 1
+valkeystream_subscriber_nacked_total{subscriber="billing"} 2
 `, n)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected),
 		"valkeystream_publisher_calls_total", "valkeystream_subscriber_nacked_total"); err != nil {

@@ -201,8 +201,10 @@ func TestReadAheadAndInFlight(t *testing.T) {
 	client := newClient(t, srv)
 	addAged(t, client, "orders", 5, time.Second)
 	c, reg := register(t, metrics.Config{})
+	// Full batches from the first read: all five are fetched at once.
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: client, ConsumerGroup: "billing", Consumer: "w1", Start: valkeystream.StartHead,
+		PrefetchWindow: valkeystream.FullBatches, ReadAheadBytes: valkeystream.NoReadAheadLimit,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

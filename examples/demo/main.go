@@ -144,7 +144,7 @@ func run() error {
 	// ---- 5. Summary --------------------------------------------------------
 	fmt.Println("== 5. Summary")
 	fmt.Printf("   OK on %s: %d messages published and acknowledged; %s was Nacked twice and succeeded on delivery 3; "+
-		"the %d unacknowledged messages a consumer held came back first after its restart, with delivery count 2; nothing is pending.\n",
+		"what a consumer held unacknowledged (%d) came back first after its restart, with delivery count 2; nothing is pending.\n",
 		srv.about, len(orders)+len(invoices), flaky.Payload, cameBack)
 	return nil
 }

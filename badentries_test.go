@@ -37,7 +37,9 @@ func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
 	e.readAs("g", "dead", 3)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
 
-	peer := e.subscriber("g", "peer", shortClaim)
+	// Full batches: the first claim takes all three (a byte-bounded claim
+	// takes one until it has seen an entry's size).
+	peer := e.subscriber("g", "peer", shortClaim, fullBatches)
 	msgs := e.subscribe(peer)
 	m := receive(t, msgs)
 	require.Equal(t, sent[0].UUID, m.UUID)

@@ -79,9 +79,14 @@ func TestCluster(t *testing.T) {
 		t.Errorf("a list of nodes with --cluster=false: exit %d, stderr %q; want %d and advice", r.code, r.stderr, exitUsage)
 	}
 
+	// Redis 6.2's XINFO GROUPS has no lag: the command says "-" there.
+	wantLag := "1"
+	if strings.Contains(c.Info(context.Background(), "server").Val(), "redis_version:6.") {
+		wantLag = "-"
+	}
 	gi := decode[groupInfo](t, ok(t, seed, "group", "s", "g", "--json"))
-	if gi.Pending != 4 || gi.Lag == nil || *gi.Lag != 1 || gi.Consumers != 2 {
-		t.Errorf("group: got pending %d, lag %v, consumers %d; want 4, 1, 2", gi.Pending, lagText(gi.Lag), gi.Consumers)
+	if gi.Pending != 4 || lagText(gi.Lag) != wantLag || gi.Consumers != 2 {
+		t.Errorf("group: got pending %d, lag %v, consumers %d; want 4, %s, 2", gi.Pending, lagText(gi.Lag), gi.Consumers, wantLag)
 	}
 	if got := decode[[]pendingEntry](t, ok(t, seed, "pending", "s", "g", "--json")); len(got) != 4 || got[0].ID != ids[0] {
 		t.Errorf("pending: got %+v, want 4 entries from %s", got, ids[0])

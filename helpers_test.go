@@ -386,6 +386,22 @@ func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
 	return c, &n
 }
 
+// streamScripts counts the calls of the stream's scripts (hold renewals, Nack
+// claims) that e.client's Subscribers have finished.
+func (e *env) streamScripts() *atomic.Int64 {
+	var n atomic.Int64
+	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if isStreamScript(cmd, e.topic) {
+				n.Add(1)
+			}
+			return err
+		}
+	}))
+	return &n
+}
+
 // serverCalls returns how many times the server has run the command name
 // (INFO commandstats), whichever client sent it.
 func (e *env) serverCalls(name string) int64 {

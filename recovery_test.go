@@ -126,16 +126,7 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	e := newEnv(t)
 	// Renewals every second. The claim beat runs once at the start and not
 	// again within the test, so nothing reclaims the entry from "other".
-	var scripts atomic.Int64 // calls of the stream's scripts that have returned
-	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			err := next(ctx, cmd)
-			if isStreamScript(cmd, e.topic) {
-				scripts.Add(1)
-			}
-			return err
-		}
-	}))
+	scripts := e.streamScripts()
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
@@ -181,16 +172,7 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	var scripts atomic.Int64 // calls of the stream's scripts that have returned
-	e.client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			err := next(ctx, cmd)
-			if isStreamScript(cmd, e.topic) {
-				scripts.Add(1)
-			}
-			return err
-		}
-	}))
+	scripts := e.streamScripts()
 	// Renewals every second; the claim beat runs once at the start only.
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second

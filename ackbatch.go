@@ -10,17 +10,19 @@ import (
 
 // ackBatch holds the ids a handler Acked that are not sent yet, and when they
 // are due: an Ack waits at most every (AckFlushInterval) for later ones to
-// share its XACK; with every negative it is due at once. After a failed send
-// the ids are kept and due again after a backoff.
+// share its XACK, or less at the handler's pace (see pace); with every
+// negative it is due at once. After a failed send the ids
+// are kept and due again after a backoff.
 type ackBatch struct {
 	ids    []string
 	every  time.Duration
-	timer  *time.Timer // fires when the oldest id is due
-	faults int         // consecutive failed sends
+	wait   time.Duration // how long an Ack waits: every, or less (see pace)
+	timer  *time.Timer   // fires when the oldest id is due
+	faults int           // consecutive failed sends
 }
 
 func newAckBatch(every time.Duration) ackBatch {
-	return ackBatch{every: every, timer: stoppedTimer()}
+	return ackBatch{every: every, wait: every, timer: stoppedTimer()}
 }
 
 func stoppedTimer() *time.Timer {
@@ -29,11 +31,32 @@ func stoppedTimer() *time.Timer {
 	return t
 }
 
+// How long an Ack waits for later ones to share its XACK, besides
+// AckFlushInterval, follows the handler's pace: the time it takes to settle
+// ackWaitSettles messages, and at least ackWaitMin. A fast handler's Acks
+// mostly ride the reads, or share an XACK with many others; a slower one's
+// go out every few messages, while it works on the next (the XACK does not
+// hold the loop up, see sendAcks), so that a crash leaves few handled
+// entries unacknowledged, to be handled again.
+const (
+	ackWaitSettles = 2
+	ackWaitMin     = time.Millisecond
+)
+
+// pace sets how long an Ack waits from settle, the time the handler takes
+// per message (zero: unknown).
+func (b *ackBatch) pace(settle time.Duration) {
+	b.wait = b.every
+	if b.every > 0 && settle > 0 {
+		b.wait = min(b.every, max(ackWaitSettles*settle, ackWaitMin))
+	}
+}
+
 // add keeps id to be sent.
 func (b *ackBatch) add(id string) {
 	b.ids = append(b.ids, id)
 	if len(b.ids) == 1 {
-		b.timer.Reset(max(b.every, 0))
+		b.timer.Reset(max(b.wait, 0))
 	}
 }
 
@@ -71,6 +94,29 @@ func (b *ackBatch) settle(cmd *redis.IntCmd) (int64, error) {
 	b.timer.Stop()
 	b.faults = 0
 	return n, nil
+}
+
+// rearm makes the held ids due at once, if there are any.
+func (b *ackBatch) rearm() {
+	if len(b.ids) > 0 {
+		b.timer.Reset(0)
+	}
+}
+
+// take removes the held ids and returns them, for a send that settles
+// later (see restore): Acks made meanwhile start a new batch.
+func (b *ackBatch) take() []string {
+	ids := b.ids
+	b.ids = nil
+	b.timer.Stop()
+	return ids
+}
+
+// restore puts back, ahead of the ones held now, ids that take returned and
+// whose send failed, and marks the failure (see failed).
+func (b *ackBatch) restore(ids []string) {
+	b.ids = append(ids, b.ids...)
+	b.failed()
 }
 
 // failed records a failed send made while the loop is busy (see settle): the

@@ -77,3 +77,46 @@ func TestAckBatchSettle(t *testing.T) {
 		t.Fatalf("after a sent batch: len %d, due %v, faults %d, want 0, nil, 0", b.len(), b.due(), b.faults)
 	}
 }
+
+func TestAckBatchWaitFollowsTheHandler(t *testing.T) {
+	tests := []struct {
+		name   string
+		every  time.Duration
+		settle time.Duration
+		want   time.Duration
+	}{
+		{"unknown pace waits the interval", 100 * time.Millisecond, 0, 100 * time.Millisecond},
+		{"a fast handler waits the floor", 100 * time.Millisecond, 10 * time.Microsecond, ackWaitMin},
+		{"a 5 ms handler waits two of its messages", 100 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond},
+		{"a slow handler waits no longer than the interval", 100 * time.Millisecond, time.Second, 100 * time.Millisecond},
+		{"at once stays at once", AckAtOnce, 5 * time.Millisecond, AckAtOnce},
+	}
+	for _, tt := range tests {
+		b := newAckBatch(tt.every)
+		b.pace(tt.settle)
+		if b.wait != tt.want {
+			t.Errorf("%s: wait = %s, want %s", tt.name, b.wait, tt.want)
+		}
+	}
+}
+
+func TestAckBatchTakeAndRestore(t *testing.T) {
+	b := newAckBatch(time.Hour)
+	b.add("1-0")
+	b.add("2-0")
+	taken := b.take()
+	if b.len() != 0 || b.due() != nil {
+		t.Fatalf("after take: len %d, due %v; want an empty batch with nothing due", b.len(), b.due())
+	}
+	b.add("3-0") // made while the taken ones are on their way
+	b.restore(taken)
+	if got := b.ids; !slices.Equal(got, []string{"1-0", "2-0", "3-0"}) {
+		t.Fatalf("after restore: %v, want the taken ids ahead of the new one", got)
+	}
+	if b.faults != 1 {
+		t.Fatalf("restore counted %d failures, want 1", b.faults)
+	}
+	if !fired(b.due(), 10*time.Second) {
+		t.Fatal("restored ids never came due again")
+	}
+}

@@ -36,7 +36,8 @@ type entry struct {
 // One message's way: readNew queues the entry, run pops it, handle decodes
 // and delivers it and waits for the handler (deliver), the Ack goes into the
 // ack batch, and the batch's XACK goes in the same round trip as the next
-// read (readNew) or on its own when it is due first (flushWhileBusy).
+// read (readNew or readAhead) or on its own when it is due first (sendAcks,
+// whose reply the loop does not wait for).
 type groupLoop struct {
 	sub      *Subscriber
 	cfg      *SubscriberConfig
@@ -58,6 +59,13 @@ type groupLoop struct {
 	lease    lease
 	retries  retries
 	nackLog  logLimit
+
+	ahead    *aheadRead    // a read of new entries on its way while the loop delivers (overlap.go)
+	sending  *ackSend      // an XACK on its way while the loop delivers (overlap.go)
+	ackDue   bool          // Acks came due while sending was on its way
+	aheadErr error         // how the last such read failed, to handle once the queue is empty
+	readRTT  time.Duration // moving average of a non-blocking read's round trip
+	more     bool          // the last read of new entries got all it asked for: more may wait
 
 	sweeper     *sweeper // removes departed consumers on the claim beat
 	releaseName func()   // releases the consumer name's lease; called on exit
@@ -112,6 +120,7 @@ func (l *groupLoop) run(ctx context.Context) {
 		e := l.queue[0]
 		l.queue = l.queue[1:]
 		l.sub.stats.readAhead.Add(-1)
+		l.readAhead(ctx)
 		l.sub.stats.inFlight.Add(1)
 		ok := l.handle(ctx, msgBase, e)
 		l.sub.stats.inFlight.Add(-1)
@@ -122,8 +131,16 @@ func (l *groupLoop) run(ctx context.Context) {
 }
 
 // fetch runs the step the plan names. Acks waiting to be sent go first, so
-// that no step reads an entry this loop has handled.
+// that no step reads an entry this loop has handled. A read sent ahead
+// (overlap.go) lands first, and is the fetch: the loop comes back for the
+// next step if it brought nothing.
 func (l *groupLoop) fetch(ctx context.Context) error {
+	l.landAcks()
+	if l.ahead != nil || l.aheadErr != nil {
+		err := errors.Join(l.aheadErr, l.landAhead())
+		l.aheadErr = nil
+		return err
+	}
 	var err error
 	switch l.plan.next(time.Now()) {
 	case stepDrain:
@@ -257,11 +274,15 @@ func (l *groupLoop) claim(ctx context.Context) error {
 // trip as a read that does not block, which under load brings the next batch
 // at once; only when that finds nothing does a blocking read follow.
 func (l *groupLoop) readNew(ctx context.Context) error {
+	l.more = false
 	if l.acks.len() > 0 {
+		args := l.readArgs(-1)
 		pipe := l.client.Pipeline()
 		ack := l.acks.send(ctx, pipe, l.key, l.group)
-		read := pipe.XReadGroup(ctx, l.readArgs(-1))
+		read := pipe.XReadGroup(ctx, args)
+		sent := time.Now()
 		_, _ = pipe.Exec(ctx) // each command carries its own error
+		l.measureRead(time.Since(sent))
 		streams, err := read.Result()
 		if errors.Is(err, redis.Nil) {
 			err = nil
@@ -275,18 +296,26 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("reading new entries: %w", err)
 		}
-		if l.enqueueNew(streams) > 0 {
+		if n := l.enqueueNew(streams); n > 0 {
+			l.more = int64(n) == args.Count
 			return nil
 		}
 	}
-	streams, err := l.reader.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
+	args := l.readArgs(l.cfg.BlockTime)
+	sent := time.Now()
+	streams, err := l.reader.client.XReadGroup(ctx, args).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
-	l.enqueueNew(streams)
+	if int64(l.enqueueNew(streams)) == args.Count {
+		// A full read did not wait for entries: its time is a round trip,
+		// and more entries may wait.
+		l.measureRead(time.Since(sent))
+		l.more = true
+	}
 	return nil
 }
 
@@ -445,8 +474,13 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 	w := waits{out: l.out, msg: msg}
 	closing := false
 	for {
-		w.flush, w.renew = l.acks.due(), l.lease.due(true)
+		w.flush, w.renew, w.read, w.ackSent = l.acks.due(), l.lease.due(true), l.aheadDone(), l.sendingDone()
 		switch w.next(ctx) {
+		case evRead:
+			l.landWhileBusy()
+			l.decodeNext()
+		case evAckSent:
+			l.landAcks()
 		case evSent:
 			l.prefetch.handedOver(time.Now())
 			l.sub.stats.delivered.Add(1)
@@ -455,6 +489,7 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 			l.decodeNext()
 		case evAcked:
 			l.prefetch.settled(time.Now())
+			l.acks.pace(l.prefetch.avg)
 			if closing {
 				return ackedThenStopped
 			}
@@ -463,7 +498,7 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 			l.prefetch.settled(time.Now())
 			return nacked
 		case evFlush:
-			l.flushWhileBusy(ctx)
+			l.sendAcks(ctx)
 		case evRenew:
 			if taken := l.renew(ctx); taken && w.out != nil {
 				l.logger.Info("The entry waiting to be delivered was taken over by another consumer; not delivering it",
@@ -498,11 +533,16 @@ func (l *groupLoop) pause(ctx context.Context, d time.Duration) bool {
 	w := waits{timer: t.C}
 	for {
 		w.flush, w.renew = l.acks.due(), l.lease.due(l.inFlight != "" || len(l.queue) > 0)
+		w.read, w.ackSent = l.aheadDone(), l.sendingDone()
 		switch w.next(ctx) {
 		case evTimer:
 			return true
+		case evRead:
+			l.landWhileBusy()
+		case evAckSent:
+			l.landAcks()
 		case evFlush:
-			l.flushWhileBusy(ctx)
+			l.sendAcks(ctx)
 		case evRenew:
 			l.renew(ctx)
 		default:
@@ -707,6 +747,8 @@ func (l *groupLoop) settleAcks(cmd *redis.IntCmd) error {
 // flushOnExit sends the Acks not sent yet and hands back the entries the
 // loop holds and no handler has, in one round trip.
 func (l *groupLoop) flushOnExit() {
+	l.landAcks()
+	l.landAheadOnExit()
 	l.sub.stats.readAhead.Add(-int64(len(l.queue)))
 	l.acks.stop()
 	l.lease.stop()

@@ -31,9 +31,11 @@ const (
 	evSent                 // the handler took the message
 	evAcked
 	evNacked
-	evTimer // the delay passed
-	evFlush // Acks are due
-	evRenew // the hold on held entries is due for renewal
+	evTimer   // the delay passed
+	evFlush   // Acks are due
+	evRenew   // the hold on held entries is due for renewal
+	evRead    // a read sent ahead has its reply
+	evAckSent // an XACK sent while delivering has its reply
 )
 
 // waits is what a loop waits for; a nil channel never fires. Every wait of a
@@ -41,13 +43,15 @@ const (
 // of next, and the loop itself does what the event asks before it waits
 // again: nothing runs behind its back.
 type waits struct {
-	out    chan<- *message.Message // hand msg over here, until sent
-	msg    *message.Message
-	acked  <-chan struct{} // msg.Acked(), once sent
-	nacked <-chan struct{}
-	timer  <-chan time.Time
-	flush  <-chan time.Time
-	renew  <-chan time.Time
+	out     chan<- *message.Message // hand msg over here, until sent
+	msg     *message.Message
+	acked   <-chan struct{} // msg.Acked(), once sent
+	nacked  <-chan struct{}
+	timer   <-chan time.Time
+	flush   <-chan time.Time
+	renew   <-chan time.Time
+	read    <-chan struct{}
+	ackSent <-chan struct{}
 }
 
 // next blocks until one of w's channels fires or ctx ends.
@@ -65,6 +69,10 @@ func (w *waits) next(ctx context.Context) event {
 		return evFlush
 	case <-w.renew:
 		return evRenew
+	case <-w.read:
+		return evRead
+	case <-w.ackSent:
+		return evAckSent
 	case <-ctx.Done():
 		return evStopped
 	}

@@ -48,6 +48,19 @@ func (p *prefetch) count() int64 {
 	return p.fit(n)
 }
 
+// settledWithin returns how many entries the handler settles within d at its
+// measured pace: 0 before the first is settled, BatchSize when it settles
+// faster than the clock tells.
+func (p *prefetch) settledWithin(d time.Duration) int64 {
+	switch {
+	case !p.handled:
+		return 0
+	case p.avg <= 0:
+		return p.max
+	}
+	return int64(d / p.avg)
+}
+
 // batch returns how many entries the next drain or claim asks for.
 func (p *prefetch) batch() int64 { return p.fit(p.max) }
 

@@ -135,3 +135,21 @@ func TestPrefetchReadDoesNotAllocate(t *testing.T) {
 		t.Errorf("allocations per read = %v, want 0", got)
 	}
 }
+
+func TestPrefetchSettledWithin(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
+	if got := p.settledWithin(time.Millisecond); got != 0 {
+		t.Fatalf("before any message: %d, want 0", got)
+	}
+	for range 20 {
+		p.handedOver(t0)
+		p.settled(t0.Add(100 * time.Microsecond))
+	}
+	if got := p.settledWithin(time.Millisecond); got != 10 {
+		t.Errorf("100 µs a message, within 1 ms: %d, want 10", got)
+	}
+	if got := p.settledWithin(50 * time.Microsecond); got != 0 {
+		t.Errorf("100 µs a message, within 50 µs: %d, want 0", got)
+	}
+}

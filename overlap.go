@@ -1,0 +1,212 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Overlapping reads. Without them a loop reads new entries only once its
+// queue is empty, so every batch costs the handler a round trip of waiting:
+// nothing at loopback, half the time at a millisecond from the server. So
+// while the handler settles the last queued entries, the loop already sends
+// the next read (with the Acks held, as readNew does): it starts when what
+// is left in the queue would be settled within one round trip of a read, at
+// the handler's measured pace. It asks for what prefetch allows, as any read
+// of new entries does, and only a handler that settles two or more entries
+// per PrefetchWindow gets one: a slow handler still reads one entry at a
+// time, after the one before is settled, so a backlog still spreads over the
+// consumers. At most one such read is on its way; the queue never holds
+// more than the entries due within a round trip plus one read.
+
+// aheadRead is a read of new entries sent while the loop still delivers.
+// Its goroutine only sends it and closes done; the loop reads its results.
+type aheadRead struct {
+	done  chan struct{}
+	acked []string // the Acks sent with it
+	ack   *redis.IntCmd
+	read  *redis.XStreamSliceCmd
+	sent  time.Time
+	asked int64
+}
+
+// aheadTimeout bounds a read that overlaps handling: it does not block, so
+// only a server or network fault makes it last.
+const aheadTimeout = 30 * time.Second
+
+// readAhead sends a read of new entries if the loop is due one: its plan's
+// next step is a read, the last read got all it asked for (so more entries
+// may wait), no such read is on its way already, its handler is
+// fast enough to be given more than one entry per read, and the queue holds
+// no more than what the handler settles in one round trip of a read.
+func (l *groupLoop) readAhead(ctx context.Context) {
+	if l.ahead != nil || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
+		return
+	}
+	n := l.prefetch.count()
+	if n < 2 || int64(len(l.queue)) > l.prefetch.settledWithin(l.readRTT) {
+		return
+	}
+	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now(), asked: n}
+	args := l.readArgs(-1)
+	args.Count = n
+	// The read must reach its end even when the subscription ends, so that
+	// the entries it took are known and handed back (see landAhead).
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), aheadTimeout)
+	pipe := l.client.Pipeline()
+	if len(r.acked) > 0 {
+		r.ack = pipe.XAck(rctx, l.key, l.group, r.acked...)
+	}
+	r.read = pipe.XReadGroup(rctx, args)
+	l.ahead = r
+	go func() {
+		defer close(r.done)
+		defer cancel()
+		_, _ = pipe.Exec(rctx) // each command carries its own error
+	}()
+}
+
+// aheadDone returns the channel that is closed when the read on its way
+// has its reply, or nil when there is none.
+func (l *groupLoop) aheadDone() <-chan struct{} {
+	if l.ahead == nil {
+		return nil
+	}
+	return l.ahead.done
+}
+
+// landAhead waits for the read on its way, if any, and queues what it
+// brought. A failed Ack keeps its ids to be sent again; either failure is
+// returned, as a failed fetch is: entries the read may have taken are pending
+// for this consumer and come back with the drain that follows.
+func (l *groupLoop) landAhead() error {
+	r := l.ahead
+	if r == nil {
+		return nil
+	}
+	<-r.done
+	l.ahead = nil
+	l.measureRead(time.Since(r.sent))
+	var ackErr error
+	if r.ack != nil {
+		n, err := r.ack.Result()
+		if err != nil {
+			l.acks.restore(r.acked)
+			ackErr = fmt.Errorf("acknowledging %d entries: %w", len(r.acked), err)
+		} else {
+			l.sub.stats.acked.Add(n)
+		}
+	}
+	streams, err := r.read.Result()
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	if err != nil {
+		err = fmt.Errorf("reading new entries: %w", err)
+	}
+	holding := len(l.queue) > 0 || l.inFlight != ""
+	got := int64(l.enqueueNew(streams))
+	l.more = got == r.asked
+	if got > 0 && !holding {
+		l.lease.start()
+	}
+	return errors.Join(ackErr, err)
+}
+
+// landWhileBusy lands the read on its way while the loop delivers; a
+// failure waits to be handled as a failed fetch once the queue is empty.
+func (l *groupLoop) landWhileBusy() {
+	if err := l.landAhead(); err != nil {
+		l.aheadErr = errors.Join(l.aheadErr, err)
+	}
+}
+
+// landAheadOnExit waits for the read on its way, if any, when the loop
+// ends: what it brought goes back (see flushOnExit), the Acks it failed to
+// send are sent again.
+func (l *groupLoop) landAheadOnExit() {
+	if l.ahead == nil {
+		return
+	}
+	if err := l.landAhead(); err != nil {
+		l.sub.stats.faults.Add(1)
+		l.logger.Error("A read of new entries failed as the subscription ended; entries it may have taken come back to this consumer name or to a peer after ClaimMinIdle", err, nil)
+	}
+}
+
+// measureRead records the round trip of a read that did not block, which
+// paces the reads sent ahead and the Acks (see ackBatch.pace).
+func (l *groupLoop) measureRead(d time.Duration) {
+	if l.readRTT == 0 {
+		l.readRTT = d
+	} else {
+		l.readRTT += (d - l.readRTT) / 8
+	}
+}
+
+// ackSend is an XACK of held Acks sent while the loop delivers, so that
+// sending them does not hold up the next hand-over. Its goroutine only sends
+// it and closes done; the loop reads its result.
+type ackSend struct {
+	done chan struct{}
+	ids  []string
+	cmd  *redis.IntCmd
+}
+
+// sendAcks sends the held Acks without waiting for the reply (see landAcks).
+// While an XACK is on its way, Acks that come due wait for its reply.
+func (l *groupLoop) sendAcks(ctx context.Context) {
+	if l.sending != nil {
+		l.ackDue = true
+		return
+	}
+	if l.acks.len() == 0 {
+		return
+	}
+	r := &ackSend{done: make(chan struct{}), ids: l.acks.take()}
+	l.sending = r
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), aheadTimeout)
+	go func() {
+		defer close(r.done)
+		defer cancel()
+		r.cmd = l.client.XAck(rctx, l.key, l.group, r.ids...)
+	}()
+}
+
+// sendingDone returns the channel that is closed when the XACK on its way
+// has its reply, or nil when there is none.
+func (l *groupLoop) sendingDone() <-chan struct{} {
+	if l.sending == nil {
+		return nil
+	}
+	return l.sending.done
+}
+
+// landAcks waits for the XACK on its way, if any. A failure keeps its ids,
+// to send again after a backoff; Acks that came due meanwhile are sent.
+func (l *groupLoop) landAcks() {
+	r := l.sending
+	if r == nil {
+		return
+	}
+	<-r.done
+	l.sending = nil
+	n, err := r.cmd.Result()
+	if err != nil {
+		l.acks.restore(r.ids)
+		l.sub.stats.faults.Add(1)
+		if l.acks.faults == 1 {
+			l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
+		}
+		l.ackDue = false
+		return
+	}
+	l.sub.stats.acked.Add(n)
+	if l.ackDue {
+		l.ackDue = false
+		l.acks.rearm()
+	}
+}

@@ -42,6 +42,7 @@ type groupLoop struct {
 	cfg      *SubscriberConfig
 	client   redis.UniversalClient
 	reader   blockingReader // for the blocking read of new entries
+	shared   *sharedReader  // waits for new entries with others instead; nil: reads on its own
 	key      string
 	group    string
 	consumer string
@@ -94,6 +95,7 @@ func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.releaseName()
 	defer l.flushOnExit()
+	defer l.leaveShared()
 	defer l.reader.interruptOn(ctx)()
 	// The parent of message contexts: a message's context ends when it is
 	// settled, or when CloseGrace has passed after the subscription ended.
@@ -278,6 +280,9 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 		if l.enqueueNew(streams) > 0 {
 			return nil
 		}
+	}
+	if l.shared != nil {
+		return l.readShared(ctx) // see sharedread.go
 	}
 	streams, err := l.reader.client.XReadGroup(ctx, l.readArgs(l.cfg.BlockTime)).Result()
 	if errors.Is(err, redis.Nil) {

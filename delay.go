@@ -7,7 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -289,77 +289,162 @@ end
 return #due
 `)
 
-// startDelayedMover starts, for a subscription of stream key whose context
-// is ctx, the goroutine that moves the topic's due delayed messages into the
-// stream every DelayedPollInterval, unless that is off or the key cannot
-// have delayed messages. Close waits for it.
+// delayedMoves moves the due delayed messages of every topic a Subscriber
+// subscribes to: one goroutine per Subscriber that, every
+// DelayedPollInterval, runs delayMoveScript for every subscribed stream in
+// one pipeline (go-redis splits it per node on a cluster client), instead of
+// one goroutine and one round trip per subscription. A topic subscribed
+// several times is moved once per beat.
+type delayedMoves struct {
+	mu      sync.Mutex
+	topics  map[string]*delayedTopic // by stream key
+	started bool
+}
+
+// delayedTopic is one subscribed stream of the delayed mover.
+type delayedTopic struct {
+	keys     []string // sorted set, stream
+	subs     int      // subscriptions of the stream
+	logger   watermill.LoggerAdapter
+	failures int       // consecutive failed moves
+	retryAt  time.Time // after a failure: no move before
+}
+
+// startDelayedMover adds the stream key of a subscription whose context is
+// ctx to the Subscriber's delayed mover until ctx ends, unless moving is off
+// or the key cannot have delayed messages. The mover starts with the first
+// subscription and runs until Close, which waits for it.
 func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logFields watermill.LogFields) {
 	every := s.config.DelayedPollInterval
 	delayedKey, err := DelayedKey(key)
 	if every < 0 || err != nil {
 		return
 	}
-	s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
-	go func() {
-		defer s.wg.Done()
-		m := delayedMover{client: s.config.Client, keys: []string{delayedKey, key}, logger: s.logger.With(logFields), faults: &s.stats.faults}
-		m.run(ctx, every)
-	}()
+	m := &s.delayed
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.topics == nil {
+		m.topics = map[string]*delayedTopic{}
+	}
+	t := m.topics[key]
+	if t == nil {
+		t = &delayedTopic{keys: []string{delayedKey, key}, logger: s.logger.With(logFields)}
+		m.topics[key] = t
+	}
+	t.subs++
+	context.AfterFunc(ctx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if t.subs--; t.subs == 0 {
+			delete(m.topics, key)
+		}
+	})
+	if !m.started {
+		m.started = true
+		s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
+		go func() {
+			defer s.wg.Done()
+			s.moveDelayed(every)
+		}()
+	}
 }
 
-// delayedMover moves the due delayed messages of one topic into its stream.
-type delayedMover struct {
-	client redis.UniversalClient
-	keys   []string // sorted set, stream
-	logger watermill.LoggerAdapter
-	faults *atomic.Int64 // the Subscriber's fault counter
-}
-
-// run moves due messages every beat until ctx ends. A failed move is logged
-// (once per streak of failures) and counted, and the next one waits a
-// backoff.
-func (m *delayedMover) run(ctx context.Context, every time.Duration) {
+// moveDelayed moves due messages of every subscribed stream every beat
+// until Close. A stream whose move failed is logged (once per streak of
+// failures) and counted, and its next move waits a backoff; a stream whose
+// move filled a batch is moved again at once.
+func (s *Subscriber) moveDelayed(every time.Duration) {
+	ctx := s.closing
 	timer := time.NewTimer(every)
 	defer timer.Stop()
-	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		}
-		next := every
-		moved, err := m.move(ctx)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return
-		case err != nil:
-			failures++
-			m.faults.Add(1)
-			if failures == 1 {
-				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
-					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
-					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
-					watermill.LogFields{"delayed_key": m.keys[0]})
-			}
-			next = max(every, backoff(failures))
-		default:
-			if failures > 0 {
-				m.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": m.keys[0], "failures": failures})
-			}
-			failures = 0
-			if moved == delayedMoveBatch {
-				next = 0 // more may be due
+		for again := s.delayed.due(time.Now()); len(again) > 0; {
+			again = s.moveDelayedOnce(ctx, every, again)
+			if ctx.Err() != nil {
+				return
 			}
 		}
-		timer.Reset(next)
+		timer.Reset(every)
 	}
 }
 
-func (m *delayedMover) move(ctx context.Context) (int, error) {
-	n, err := delayMoveScript.Run(ctx, m.client, m.keys, delayedMoveBatch).Int()
-	if err == nil && n > 0 {
-		m.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": n})
+// due returns the streams to move at now: all but those backing off.
+func (m *delayedMoves) due(now time.Time) []*delayedTopic {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var due []*delayedTopic
+	for _, t := range m.topics {
+		if !now.Before(t.retryAt) {
+			due = append(due, t)
+		}
 	}
-	return n, err
+	return due
+}
+
+// moveDelayedOnce moves the due messages of topics in one pipeline, and
+// returns those that filled a batch (more may be due).
+func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, topics []*delayedTopic) (again []*delayedTopic) {
+	cmds := s.runDelayedMoves(ctx, topics)
+	if ctx.Err() != nil {
+		return nil
+	}
+	s.delayed.mu.Lock()
+	defer s.delayed.mu.Unlock()
+	now := time.Now()
+	for i, t := range topics {
+		moved, err := cmds[i].Int()
+		if err != nil {
+			t.failures++
+			s.stats.faults.Add(1)
+			if t.failures == 1 {
+				t.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
+					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
+					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
+					watermill.LogFields{"delayed_key": t.keys[0]})
+			}
+			t.retryAt = now.Add(max(every, backoff(t.failures)) - every)
+			continue
+		}
+		if t.failures > 0 {
+			t.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": t.keys[0], "failures": t.failures})
+		}
+		t.failures, t.retryAt = 0, time.Time{}
+		if moved > 0 {
+			t.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": moved})
+		}
+		if moved == delayedMoveBatch && t.subs > 0 {
+			again = append(again, t)
+		}
+	}
+	return again
+}
+
+// runDelayedMoves runs delayMoveScript for each of topics in one pipeline,
+// loading the script first if the server does not have it.
+func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []*redis.Cmd {
+	client := s.config.Client
+	send := func() []*redis.Cmd {
+		pipe := client.Pipeline()
+		cmds := make([]*redis.Cmd, len(topics))
+		for i, t := range topics {
+			cmds[i] = pipe.EvalSha(ctx, delayMoveScript.Hash(), t.keys, delayedMoveBatch)
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		return cmds
+	}
+	cmds := send()
+	for _, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			if err := delayMoveScript.Load(ctx, client).Err(); err != nil {
+				return cmds
+			}
+			return send()
+		}
+	}
+	return cmds
 }

@@ -40,7 +40,8 @@ type Subscriber struct {
 	health   healthRegistry
 	failover failover // helps the client through a failover; see failover.go
 
-	sharedReads sharedReads // blocking reads shared by subscriptions; see sharedread.go
+	sharedReads sharedReads  // blocking reads shared by subscriptions; see sharedread.go
+	delayed     delayedMoves // moves due delayed messages; see delay.go
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig

@@ -20,13 +20,14 @@ import (
 // (delay.Message, delay.NewPublisher, middleware.DelayOnError) due in the
 // future is not appended to its stream: the Publisher stores it in a sorted
 // set beside the stream, scored by its due time in milliseconds by the
-// server's clock. Every running subscription of the topic moves the entries
-// that are due into the stream, on a beat of DelayedPollInterval, with a
+// server's clock. Every Subscriber with a running subscription of the topic
+// moves the entries that are due into the stream, on a beat of
+// DelayedPollInterval (one pipeline per beat for all its topics), with a
 // server-side script that appends and removes each entry in one atomic step,
 // so a crash never loses or duplicates a delayed message. See docs/delay.md.
 
-// DefaultDelayedPollInterval is how often a subscription moves the delayed
-// messages of its topic that are due into the stream.
+// DefaultDelayedPollInterval is how often a Subscriber moves the delayed
+// messages of its topics that are due into their streams.
 const DefaultDelayedPollInterval = 100 * time.Millisecond
 
 // delayedMoveBatch is the most delayed messages one move appends.

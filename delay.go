@@ -390,7 +390,7 @@ func (m *delayedMoves) due(now time.Time) []*delayedTopic {
 // moveDelayedOnce moves the due messages of topics in one pipeline, and
 // returns those that filled a batch (more may be due).
 func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, topics []*delayedTopic) (again []*delayedTopic) {
-	cmds := s.runDelayedMoves(ctx, topics)
+	results := s.runDelayedMoves(ctx, topics)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -398,7 +398,7 @@ func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, t
 	defer s.delayed.mu.Unlock()
 	now := time.Now()
 	for i, t := range topics {
-		moved, err := cmds[i].Int()
+		moved, err := results[i].moved, results[i].err
 		if err != nil {
 			t.failures++
 			s.stats.faults.Add(1)
@@ -425,27 +425,133 @@ func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, t
 	return again
 }
 
-// runDelayedMoves runs delayMoveScript for each of topics in one pipeline,
-// loading the script first if the server does not have it.
-func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []*redis.Cmd {
+// delayMoveManyScript is delayMoveScript for several streams in one call:
+// KEYS holds pairs (sorted set, stream). It returns, by pair, how many it
+// moved, or the error reply that stopped that pair's move (a string); the
+// other pairs go on.
+var delayMoveManyScript = redis.NewScript(decodeEntryLua + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS, 2 do
+  local due = redis.pcall('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+  if due.err then
+    out[#out + 1] = due.err
+  else
+    local n = 0
+    for _, m in ipairs(due) do
+      local r = redis.pcall('XADD', KEYS[i + 1], '*', unpack(fields(m)))
+      if type(r) == 'table' and r.err then
+        n = r.err
+        break
+      end
+      r = redis.pcall('ZREM', KEYS[i], m)
+      if type(r) == 'table' and r.err then
+        n = r.err
+        break
+      end
+      n = n + 1
+    end
+    out[#out + 1] = n
+  end
+end
+return out
+`)
+
+// delayedMovesPerCall is the most streams one call of delayMoveManyScript
+// moves, so that one call never holds the server long.
+const delayedMovesPerCall = 200
+
+// runDelayedMoves moves the due messages of topics and returns, by topic,
+// how many it moved or why it failed. On a *redis.Client one script call
+// moves up to delayedMovesPerCall topics (delayMoveManyScript); on other
+// clients, whose keys may lie in different cluster slots, it runs
+// delayMoveScript once per topic. Either way every call goes in one
+// pipeline, sent again with the script's body (EVAL) if the server does not
+// have the script.
+func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
 	client := s.config.Client
-	send := func() []*redis.Cmd {
+	_, single := client.(*redis.Client)
+	script := delayMoveScript
+	if single {
+		script = delayMoveManyScript
+	}
+	send := func(eval bool) ([]delayedMoveResult, bool) {
 		pipe := client.Pipeline()
-		cmds := make([]*redis.Cmd, len(topics))
-		for i, t := range topics {
-			cmds[i] = pipe.EvalSha(ctx, delayMoveScript.Hash(), t.keys, delayedMoveBatch)
+		call := func(keys []string) *redis.Cmd {
+			if eval {
+				return script.Eval(ctx, pipe, keys, delayedMoveBatch)
+			}
+			return script.EvalSha(ctx, pipe, keys, delayedMoveBatch)
+		}
+		var cmds []*redis.Cmd
+		if single {
+			for from := 0; from < len(topics); from += delayedMovesPerCall {
+				to := min(from+delayedMovesPerCall, len(topics))
+				keys := make([]string, 0, 2*(to-from))
+				for _, t := range topics[from:to] {
+					keys = append(keys, t.keys...)
+				}
+				cmds = append(cmds, call(keys))
+			}
+		} else {
+			for _, t := range topics {
+				cmds = append(cmds, call(t.keys))
+			}
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
-		return cmds
-	}
-	cmds := send()
-	for _, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			if err := delayMoveScript.Load(ctx, client).Err(); err != nil {
-				return cmds
+		out := make([]delayedMoveResult, 0, len(topics))
+		noScript := false
+		for i, c := range cmds {
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				noScript = true
 			}
-			return send()
+			if !single {
+				n, err := c.Int()
+				out = append(out, delayedMoveResult{moved: n, err: err})
+				continue
+			}
+			n := min(delayedMovesPerCall, len(topics)-i*delayedMovesPerCall)
+			out = append(out, parseDelayedMoves(c, n)...)
+		}
+		return out, noScript
+	}
+	out, noScript := send(false)
+	if noScript {
+		// EVAL loads it, with no permission beyond the one to run it.
+		out, _ = send(true)
+	}
+	return out
+}
+
+// delayedMoveResult is the move of one topic: how many it moved, or why it
+// failed.
+type delayedMoveResult struct {
+	moved int
+	err   error
+}
+
+// parseDelayedMoves reads the reply of delayMoveManyScript for n topics.
+func parseDelayedMoves(c *redis.Cmd, n int) []delayedMoveResult {
+	out := make([]delayedMoveResult, n)
+	reply, err := c.Slice()
+	if err == nil && len(reply) != n {
+		err = fmt.Errorf("moving delayed messages: %d results for %d topics", len(reply), n)
+	}
+	for i := range out {
+		switch {
+		case err != nil:
+			out[i].err = err
+		default:
+			switch v := reply[i].(type) {
+			case int64:
+				out[i].moved = int(v)
+			case string:
+				out[i].err = errors.New(v)
+			default:
+				out[i].err = fmt.Errorf("moving delayed messages: unexpected result %v", v)
+			}
 		}
 	}
-	return cmds
+	return out
 }

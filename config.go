@@ -273,9 +273,11 @@ type SubscriberConfig struct {
 	// ConsumerGroup. Default: DefaultReadAheadBytes (8 MiB).
 	ReadAheadBytes int64
 
-	// BlockTime bounds one blocking read of new entries (BLOCK). Close and a
-	// cancelled Subscribe context wait up to about this long for a read in
-	// progress (go-redis cannot interrupt it). It cannot be infinite, and
+	// BlockTime bounds one blocking read of new entries (BLOCK). A group
+	// subscription on a *redis.Client or *redis.ClusterClient ends a blocked
+	// read at once when it ends; otherwise Close and a cancelled Subscribe
+	// context wait up to about this long for a read in progress (see
+	// docs/design.md, "Close"). It cannot be infinite, and
 	// it is at least 1ms; the server counts it in whole milliseconds, so it
 	// is rounded down to one. Default: DefaultBlockTime.
 	BlockTime time.Duration
@@ -332,10 +334,10 @@ type SubscriberConfig struct {
 	// Unmarshaler decodes entries into messages. Default: DefaultMarshaler.
 	Unmarshaler Unmarshaler
 
-	// DelayedPollInterval is how often each subscription moves the delayed
-	// messages of its topic that are due into the stream (see
-	// docs/delay.md): a delayed message is delivered within about this
-	// long after it is due. A negative value turns moving off for this
+	// DelayedPollInterval is how often the Subscriber moves the due delayed
+	// messages of every topic it subscribes to into their streams, in one
+	// pipeline (see docs/delay.md): a delayed message is delivered within
+	// about this long after it is due. A negative value turns moving off for this
 	// Subscriber; some other subscription of the topic must then run it.
 	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.
 	DelayedPollInterval time.Duration

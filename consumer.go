@@ -43,6 +43,7 @@ type groupLoop struct {
 	cfg      *SubscriberConfig
 	client   redis.UniversalClient
 	reader   blockingReader // for the blocking read of new entries
+	shared   *sharedReader  // waits for new entries with others instead; nil: reads on its own
 	key      string
 	group    string
 	consumer string
@@ -102,6 +103,7 @@ func (l *groupLoop) run(ctx context.Context) {
 	defer close(l.out)
 	defer l.releaseName()
 	defer l.flushOnExit()
+	defer l.leaveShared()
 	defer l.reader.interruptOn(ctx)()
 	// The parent of message contexts: a message's context ends when it is
 	// settled, or when CloseGrace has passed after the subscription ended.
@@ -300,6 +302,9 @@ func (l *groupLoop) readNew(ctx context.Context) error {
 			l.more = int64(n) == args.Count
 			return nil
 		}
+	}
+	if l.shared != nil {
+		return l.readShared(ctx) // see sharedread.go
 	}
 	args := l.readArgs(l.cfg.BlockTime)
 	sent := time.Now()

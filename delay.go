@@ -7,7 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -20,13 +20,14 @@ import (
 // (delay.Message, delay.NewPublisher, middleware.DelayOnError) due in the
 // future is not appended to its stream: the Publisher stores it in a sorted
 // set beside the stream, scored by its due time in milliseconds by the
-// server's clock. Every running subscription of the topic moves the entries
-// that are due into the stream, on a beat of DelayedPollInterval, with a
+// server's clock. Every Subscriber with a running subscription of the topic
+// moves the entries that are due into the stream, on a beat of
+// DelayedPollInterval (one pipeline per beat for all its topics), with a
 // server-side script that appends and removes each entry in one atomic step,
 // so a crash never loses or duplicates a delayed message. See docs/delay.md.
 
-// DefaultDelayedPollInterval is how often a subscription moves the delayed
-// messages of its topic that are due into the stream.
+// DefaultDelayedPollInterval is how often a Subscriber moves the delayed
+// messages of its topics that are due into their streams.
 const DefaultDelayedPollInterval = 100 * time.Millisecond
 
 // delayedMoveBatch is the most delayed messages one move appends.
@@ -289,77 +290,268 @@ end
 return #due
 `)
 
-// startDelayedMover starts, for a subscription of stream key whose context
-// is ctx, the goroutine that moves the topic's due delayed messages into the
-// stream every DelayedPollInterval, unless that is off or the key cannot
-// have delayed messages. Close waits for it.
+// delayedMoves moves the due delayed messages of every topic a Subscriber
+// subscribes to: one goroutine per Subscriber that, every
+// DelayedPollInterval, runs delayMoveScript for every subscribed stream in
+// one pipeline (go-redis splits it per node on a cluster client), instead of
+// one goroutine and one round trip per subscription. A topic subscribed
+// several times is moved once per beat.
+type delayedMoves struct {
+	mu      sync.Mutex
+	topics  map[string]*delayedTopic // by stream key
+	started bool
+}
+
+// delayedTopic is one subscribed stream of the delayed mover.
+type delayedTopic struct {
+	keys     []string // sorted set, stream
+	subs     int      // subscriptions of the stream
+	logger   watermill.LoggerAdapter
+	failures int       // consecutive failed moves
+	retryAt  time.Time // after a failure: no move before
+}
+
+// startDelayedMover adds the stream key of a subscription whose context is
+// ctx to the Subscriber's delayed mover until ctx ends, unless moving is off
+// or the key cannot have delayed messages. The mover starts with the first
+// subscription and runs until Close, which waits for it.
 func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logFields watermill.LogFields) {
 	every := s.config.DelayedPollInterval
 	delayedKey, err := DelayedKey(key)
 	if every < 0 || err != nil {
 		return
 	}
-	s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
-	go func() {
-		defer s.wg.Done()
-		m := delayedMover{client: s.config.Client, keys: []string{delayedKey, key}, logger: s.logger.With(logFields), faults: &s.stats.faults}
-		m.run(ctx, every)
-	}()
+	m := &s.delayed
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.topics == nil {
+		m.topics = map[string]*delayedTopic{}
+	}
+	t := m.topics[key]
+	if t == nil {
+		t = &delayedTopic{keys: []string{delayedKey, key}, logger: s.logger.With(logFields)}
+		m.topics[key] = t
+	}
+	t.subs++
+	context.AfterFunc(ctx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if t.subs--; t.subs == 0 {
+			delete(m.topics, key)
+		}
+	})
+	if !m.started {
+		m.started = true
+		s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
+		go func() {
+			defer s.wg.Done()
+			s.moveDelayed(every)
+		}()
+	}
 }
 
-// delayedMover moves the due delayed messages of one topic into its stream.
-type delayedMover struct {
-	client redis.UniversalClient
-	keys   []string // sorted set, stream
-	logger watermill.LoggerAdapter
-	faults *atomic.Int64 // the Subscriber's fault counter
-}
-
-// run moves due messages every beat until ctx ends. A failed move is logged
-// (once per streak of failures) and counted, and the next one waits a
-// backoff.
-func (m *delayedMover) run(ctx context.Context, every time.Duration) {
+// moveDelayed moves due messages of every subscribed stream every beat
+// until Close. A stream whose move failed is logged (once per streak of
+// failures) and counted, and its next move waits a backoff; a stream whose
+// move filled a batch is moved again at once.
+func (s *Subscriber) moveDelayed(every time.Duration) {
+	ctx := s.closing
 	timer := time.NewTimer(every)
 	defer timer.Stop()
-	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		}
-		next := every
-		moved, err := m.move(ctx)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return
-		case err != nil:
-			failures++
-			m.faults.Add(1)
-			if failures == 1 {
-				m.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
-					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
-					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
-					watermill.LogFields{"delayed_key": m.keys[0]})
-			}
-			next = max(every, backoff(failures))
-		default:
-			if failures > 0 {
-				m.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": m.keys[0], "failures": failures})
-			}
-			failures = 0
-			if moved == delayedMoveBatch {
-				next = 0 // more may be due
+		for again := s.delayed.due(time.Now()); len(again) > 0; {
+			again = s.moveDelayedOnce(ctx, every, again)
+			if ctx.Err() != nil {
+				return
 			}
 		}
-		timer.Reset(next)
+		timer.Reset(every)
 	}
 }
 
-func (m *delayedMover) move(ctx context.Context) (int, error) {
-	n, err := delayMoveScript.Run(ctx, m.client, m.keys, delayedMoveBatch).Int()
-	if err == nil && n > 0 {
-		m.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": n})
+// due returns the streams to move at now: all but those backing off.
+func (m *delayedMoves) due(now time.Time) []*delayedTopic {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var due []*delayedTopic
+	for _, t := range m.topics {
+		if !now.Before(t.retryAt) {
+			due = append(due, t)
+		}
 	}
-	return n, err
+	return due
+}
+
+// moveDelayedOnce moves the due messages of topics in one pipeline, and
+// returns those that filled a batch (more may be due).
+func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, topics []*delayedTopic) (again []*delayedTopic) {
+	results := s.runDelayedMoves(ctx, topics)
+	if ctx.Err() != nil {
+		return nil
+	}
+	s.delayed.mu.Lock()
+	defer s.delayed.mu.Unlock()
+	now := time.Now()
+	for i, t := range topics {
+		moved, err := results[i].moved, results[i].err
+		if err != nil {
+			t.failures++
+			s.stats.faults.Add(1)
+			if t.failures == 1 {
+				t.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
+					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
+					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
+					watermill.LogFields{"delayed_key": t.keys[0]})
+			}
+			t.retryAt = now.Add(max(every, backoff(t.failures)) - every)
+			continue
+		}
+		if t.failures > 0 {
+			t.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": t.keys[0], "failures": t.failures})
+		}
+		t.failures, t.retryAt = 0, time.Time{}
+		if moved > 0 {
+			t.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": moved})
+		}
+		if moved == delayedMoveBatch && t.subs > 0 {
+			again = append(again, t)
+		}
+	}
+	return again
+}
+
+// delayMoveManyScript is delayMoveScript for several streams in one call:
+// KEYS holds pairs (sorted set, stream). It returns, by pair, how many it
+// moved, or the error reply that stopped that pair's move (a string); the
+// other pairs go on.
+var delayMoveManyScript = redis.NewScript(decodeEntryLua + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS, 2 do
+  local due = redis.pcall('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+  if due.err then
+    out[#out + 1] = due.err
+  else
+    local n = 0
+    for _, m in ipairs(due) do
+      local r = redis.pcall('XADD', KEYS[i + 1], '*', unpack(fields(m)))
+      if type(r) == 'table' and r.err then
+        n = r.err
+        break
+      end
+      r = redis.pcall('ZREM', KEYS[i], m)
+      if type(r) == 'table' and r.err then
+        n = r.err
+        break
+      end
+      n = n + 1
+    end
+    out[#out + 1] = n
+  end
+end
+return out
+`)
+
+// delayedMovesPerCall is the most streams one call of delayMoveManyScript
+// moves, so that one call never holds the server long.
+const delayedMovesPerCall = 200
+
+// runDelayedMoves moves the due messages of topics and returns, by topic,
+// how many it moved or why it failed. On a *redis.Client one script call
+// moves up to delayedMovesPerCall topics (delayMoveManyScript); on other
+// clients, whose keys may lie in different cluster slots, it runs
+// delayMoveScript once per topic. Either way every call goes in one
+// pipeline, sent again with the script's body (EVAL) if the server does not
+// have the script.
+func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
+	client := s.config.Client
+	_, single := client.(*redis.Client)
+	script := delayMoveScript
+	if single {
+		script = delayMoveManyScript
+	}
+	send := func(eval bool) ([]delayedMoveResult, bool) {
+		pipe := client.Pipeline()
+		call := func(keys []string) *redis.Cmd {
+			if eval {
+				return script.Eval(ctx, pipe, keys, delayedMoveBatch)
+			}
+			return script.EvalSha(ctx, pipe, keys, delayedMoveBatch)
+		}
+		var cmds []*redis.Cmd
+		if single {
+			for from := 0; from < len(topics); from += delayedMovesPerCall {
+				to := min(from+delayedMovesPerCall, len(topics))
+				keys := make([]string, 0, 2*(to-from))
+				for _, t := range topics[from:to] {
+					keys = append(keys, t.keys...)
+				}
+				cmds = append(cmds, call(keys))
+			}
+		} else {
+			for _, t := range topics {
+				cmds = append(cmds, call(t.keys))
+			}
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		out := make([]delayedMoveResult, 0, len(topics))
+		noScript := false
+		for i, c := range cmds {
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				noScript = true
+			}
+			if !single {
+				n, err := c.Int()
+				out = append(out, delayedMoveResult{moved: n, err: err})
+				continue
+			}
+			n := min(delayedMovesPerCall, len(topics)-i*delayedMovesPerCall)
+			out = append(out, parseDelayedMoves(c, n)...)
+		}
+		return out, noScript
+	}
+	out, noScript := send(false)
+	if noScript {
+		// EVAL loads it, with no permission beyond the one to run it.
+		out, _ = send(true)
+	}
+	return out
+}
+
+// delayedMoveResult is the move of one topic: how many it moved, or why it
+// failed.
+type delayedMoveResult struct {
+	moved int
+	err   error
+}
+
+// parseDelayedMoves reads the reply of delayMoveManyScript for n topics.
+func parseDelayedMoves(c *redis.Cmd, n int) []delayedMoveResult {
+	out := make([]delayedMoveResult, n)
+	reply, err := c.Slice()
+	if err == nil && len(reply) != n {
+		err = fmt.Errorf("moving delayed messages: %d results for %d topics", len(reply), n)
+	}
+	for i := range out {
+		switch {
+		case err != nil:
+			out[i].err = err
+		default:
+			switch v := reply[i].(type) {
+			case int64:
+				out[i].moved = int(v)
+			case string:
+				out[i].err = errors.New(v)
+			default:
+				out[i].err = fmt.Errorf("moving delayed messages: unexpected result %v", v)
+			}
+		}
+	}
+	return out
 }

@@ -456,7 +456,8 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		"~" + delayedKey, "resetchannels", "-@all",
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+exists", "+evalsha", "+eval",
-		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem"}
+		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem",
+		"+client|id", "+client|unblock"}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
 	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "app", Password: "secret"})

@@ -39,6 +39,9 @@ type Subscriber struct {
 	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
 	failover failover // helps the client through a failover; see failover.go
+
+	sharedReads sharedReads  // blocking reads shared by subscriptions; see sharedread.go
+	delayed     delayedMoves // moves due delayed messages; see delay.go
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig
@@ -176,6 +179,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		gl.retries.health = health
 		health.setConsumer(lease.name)
 		gl.sweeper = s.newSweeper(key, lease.name, logger)
+		gl.shared = s.joinSharedRead(runCtx, lease.name, key)
 		gl.releaseName = s.keepName(runCtx, cancel, lease, logger)
 		l = gl
 	}

@@ -136,10 +136,13 @@ func (r report) writeTopics(w *strings.Builder) {
 		"for %s; latency is from each `Publish` call to its handler's start.\n"+
 		"Connections are the most the subscriber's client held at once (sampled\n"+
 		"every 10 ms), out of its pool; pool timeouts are waits for a connection\n"+
-		"that gave up. Every run is listed.\n\n",
+		"that gave up. Server connections are the most the server counted at once\n"+
+		"above those open before the subscriber started (sampled every 10 ms with\n"+
+		"INFO clients): they include connections of clients the subscriber makes\n"+
+		"of its own, which its client's pool does not show. Every run is listed.\n\n",
 		r.cfg.topicStart, latencySize, r.cfg.topicPeriod, plural(r.cfg.topicRounds, "period"))
-	w.WriteString("| topics | round trip | side | start | p50 | p99 | max | connections (pool) | pool timeouts |\n")
-	w.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	w.WriteString("| topics | round trip | side | start | p50 | p99 | max | connections (pool) | pool timeouts | server connections |\n")
+	w.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range r.topics {
 		start, p50, p99, most := formatDuration(t.startTime), "–", "–", "–"
 		if t.allStarted() {
@@ -147,9 +150,9 @@ func (r report) writeTopics(w *strings.Builder) {
 		} else {
 			start = t.startFailure()
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d (%d) | %d |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d (%d) | %d | %d |\n",
 			groupThousands(int64(t.topics)), r.rttCell(t.delay), t.side, start, p50, p99, most,
-			t.peakConns, t.poolSize, t.poolTimeouts)
+			t.peakConns, t.poolSize, t.poolTimeouts, t.serverConns)
 	}
 	w.WriteString("\n")
 }

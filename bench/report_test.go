@@ -220,7 +220,7 @@ func TestMarkdownOfDistancesLatencyLargeAndTopics(t *testing.T) {
 	}
 	r.topics = []topicsSample{
 		{side: sideValkeystream, topics: 100, delay: 0, started: 100, startTime: 800 * ms, sent: 500,
-			stats: latencyStats{n: 500, p50: ms, p99: 3 * ms, max: 5 * ms}, poolSize: 20, peakConns: 4},
+			stats: latencyStats{n: 500, p50: ms, p99: 3 * ms, max: 5 * ms}, poolSize: 20, peakConns: 4, serverConns: 105},
 		{side: sideIncumbent, topics: 1000, delay: ms, started: 175, startTime: 30 * time.Second, poolSize: 20, peakConns: 20, poolTimeouts: 12},
 	}
 	for _, sc := range scenarios {
@@ -235,8 +235,8 @@ func TestMarkdownOfDistancesLatencyLargeAndTopics(t *testing.T) {
 		"| 1.1ms | 1,000/s | valkeystream | 999 | 2ms | 4ms | 9ms | 0.50× |",
 		"| 1.1ms | 1,000/s | watermill-redisstream | 1,000 | 3ms | 8ms | 20ms | – |",
 		"| 1.0 MiB | 1.1ms | watermill-redisstream | 64 | 32 | 32.0 | 30.0 MiB |",
-		"| 100 | 42µs | valkeystream | 800ms | 1ms | 3ms | 5ms | 4 (20) | 0 |",
-		"| 1,000 | 1.1ms | watermill-redisstream | did not start 825 of 1000 within 30s | – | – | – | 20 (20) | 12 |",
+		"| 100 | 42µs | valkeystream | 800ms | 1ms | 3ms | 5ms | 4 (20) | 0 | 105 |",
+		"| 1,000 | 1.1ms | watermill-redisstream | did not start 825 of 1000 within 30s | – | – | – | 20 (20) | 12 | 0 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)

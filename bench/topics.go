@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +33,7 @@ type topicsSample struct {
 	poolSize     int    // the client's pool size (go-redis' default)
 	peakConns    uint32 // most connections the client held at once
 	poolTimeouts uint32 // waits for a connection that timed out
+	serverConns  int64  // most connections the server counted above those open before the subscriber started
 }
 
 // startFailure says how the subscriptions failed to start.
@@ -78,7 +81,7 @@ func (b *bench) runTopicsScenario(ctx context.Context, scn scenario, rep int) er
 
 // describeTopics is a run of the many-topics scenario in one line.
 func describeTopics(s topicsSample) string {
-	conns := fmt.Sprintf("%d connections at most (pool of %d, %d pool timeouts)", s.peakConns, s.poolSize, s.poolTimeouts)
+	conns := fmt.Sprintf("%d connections at most (pool of %d, %d pool timeouts), %d more at the server", s.peakConns, s.poolSize, s.poolTimeouts, s.serverConns)
 	if !s.allStarted() {
 		return s.startFailure() + "; " + conns
 	}
@@ -142,6 +145,11 @@ func (b *bench) runTopics(ctx context.Context, scn scenario, sd side, topics, re
 	s := topicsSample{side: sd.name, topics: topics, delay: b.dist.delay, poolSize: client.Options().PoolSize}
 	conns := startPoolWatch(client, 10*time.Millisecond)
 	defer conns.stop()
+	server, err := startServerWatch(ctx, b.admin, 10*time.Millisecond)
+	if err != nil {
+		return topicsSample{}, err
+	}
+	defer server.stop()
 
 	began := time.Now()
 	stopRouter, err := runRouter(ctx, router, b.cfg.topicStart)
@@ -151,6 +159,7 @@ func (b *bench) runTopics(ctx context.Context, scn scenario, sd side, topics, re
 		// Not every subscription started: that is the result, not a
 		// failure of the benchmark.
 		s.peakConns, s.poolTimeouts = conns.stop()
+		s.serverConns = server.stop()
 		if ctx.Err() != nil {
 			return topicsSample{}, ctx.Err()
 		}
@@ -187,6 +196,7 @@ func (b *bench) runTopics(ctx context.Context, scn scenario, sd side, topics, re
 	}
 	s.stats, s.dups = book.stats(), book.dups.Load()
 	s.peakConns, s.poolTimeouts = conns.stop()
+	s.serverConns = server.stop()
 	if err := stopRouter(); err != nil {
 		return topicsSample{}, err
 	}
@@ -231,4 +241,64 @@ func (w *poolWatch) stop() (peak, timeouts uint32) {
 		w.peak = max(w.peak, w.client.PoolStats().TotalConns)
 	})
 	return w.peak, w.client.PoolStats().Timeouts
+}
+
+// serverWatch samples the server's count of connected clients until
+// stopped. It counts every connection of the subscriber, those of clients
+// it makes of its own too, which the pool of the client it was given does
+// not show.
+type serverWatch struct {
+	admin *redis.Client
+	base  int64
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+	peak  int64
+}
+
+func startServerWatch(ctx context.Context, admin *redis.Client, every time.Duration) (*serverWatch, error) {
+	base, err := connectedClients(ctx, admin)
+	if err != nil {
+		return nil, fmt.Errorf("counting the server's connections: %w", err)
+	}
+	w := &serverWatch{admin: admin, base: base, done: make(chan struct{})}
+	w.wg.Go(func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			if n, err := connectedClients(ctx, admin); err == nil {
+				w.peak = max(w.peak, n-w.base)
+			}
+			select {
+			case <-w.done:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return w, nil
+}
+
+// stop ends the sampling and returns the most connections seen above the
+// base. Later calls return the same.
+func (w *serverWatch) stop() int64 {
+	w.once.Do(func() {
+		close(w.done)
+		w.wg.Wait()
+	})
+	return w.peak
+}
+
+// connectedClients returns the server's connected_clients.
+func connectedClients(ctx context.Context, admin *redis.Client) (int64, error) {
+	info, err := admin.Info(ctx, "clients").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, errors.New("INFO clients has no connected_clients")
 }

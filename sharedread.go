@@ -1,0 +1,505 @@
+package valkeystream
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+)
+
+// Shared reads. A group subscription whose queue is empty, and whose read
+// that does not block found nothing, waits for new entries. Instead of a
+// blocking read of its own, over a connection of its own, it registers its
+// stream with the shared reader of its consumer name: one goroutine and one
+// connection that send one
+//
+//	XREADGROUP GROUP g c COUNT n BLOCK <BlockTime> STREAMS k1 .. kn > .. >
+//
+// over every registered stream, and hand each stream's entries to its
+// subscription. So many topics on one Subscriber cost a few connections and
+// one blocked read per sharedReadStreams of them, not one each.
+//
+// COUNT is the smallest prefetch count among the waiting subscriptions, so a
+// slow handler never gets more than it would alone.
+//
+// A registration that the read in flight does not cover (or covers with a
+// larger COUNT) interrupts it with CLIENT UNBLOCK <id>, sent through the
+// user's client, where <id> is the reader connection's CLIENT ID, learned
+// when it connects. UNBLOCK makes the blocked read return as if it timed out,
+// so a reply with entries is never lost; one that answers 0 (the read has not
+// reached the server yet) is sent again shortly, while the same read is
+// still outstanding. At most one interrupt is asked per read.
+//
+// A subscription waits at most BlockTime, as with a read of its own, and
+// ends its wait at once when its context ends. Entries that a read brought
+// for a stream whose subscription stopped waiting meanwhile are parked for
+// its next wait (which checks that they are still its own before it queues
+// them); if the subscription has ended, they are handed back (XCLAIM ...
+// IDLE <large> JUSTID), so that a peer takes them at its next claim beat.
+//
+// Only a *redis.Client (a failover client included) shares reads: in a
+// cluster the keys of one XREADGROUP must share a slot, so a cluster
+// subscription keeps its blocking reader of its own (reader.go). Without
+// the permission to run CLIENT ID and CLIENT UNBLOCK, the Subscriber falls
+// back to blocking readers of their own, and logs it once.
+
+// sharedReadStreams is the most streams one shared reader reads: the server
+// parses and blocks on every key of a read each time it is sent, which is
+// once or twice per message delivered, so the work of one message grows with
+// this; more subscriptions take more readers (and connections).
+const sharedReadStreams = 128
+
+// unblockRetryMax bounds the pause between two tries of an interrupt whose
+// read has not reached the server yet.
+const unblockRetryMax = 5 * time.Millisecond
+
+// sharedReads holds a Subscriber's shared readers, by consumer name.
+type sharedReads struct {
+	mu     sync.Mutex
+	off    bool // the client lacks a permission: subscriptions read on their own
+	byName map[string][]*sharedReader
+}
+
+// sharedReader is one shared read loop, for one consumer name, over its own
+// connection.
+type sharedReader struct {
+	sub      *Subscriber
+	client   *redis.Client // its own: one connection
+	group    string
+	consumer string
+	block    time.Duration
+	logger   watermill.LoggerAdapter
+
+	mu          sync.Mutex
+	connID      int64 // CLIENT ID of the connection, learned when it connects
+	members     map[string]*sharedMember
+	ending      bool // no members left: end after the read in flight
+	reading     bool // a read is in flight
+	readSeq     uint64
+	readKeys    map[string]bool // streams of the read in flight
+	readCount   int64
+	interrupted bool   // an interrupt was asked for the read in flight
+	interruptOf uint64 // readSeq of the read the last interrupt is for
+
+	wake chan struct{} // tells the read loop that something changed
+	kick chan struct{} // asks the interrupter to interrupt the read in flight
+	done chan struct{} // closed when the read loop ends
+}
+
+// sharedMember is one subscription of a shared reader.
+type sharedMember struct {
+	count  int64                 // prefetch count of the wait
+	got    chan sharedReadResult // of the wait in progress; nil when not waiting
+	parked []redis.XMessage      // read while not waiting, for the next wait
+}
+
+type sharedReadResult struct {
+	msgs []redis.XMessage
+	err  error
+}
+
+// joinSharedRead returns the shared reader that the subscription of stream
+// key, under consumer name consumer, waits with, or nil when it reads on its
+// own: a client other than a *redis.Client, or one that lacks a permission
+// the shared reader needs.
+func (s *Subscriber) joinSharedRead(ctx context.Context, consumer, key string) *sharedReader {
+	client, ok := s.config.Client.(*redis.Client)
+	if !ok {
+		return nil
+	}
+	reads := &s.sharedReads
+	reads.mu.Lock()
+	defer reads.mu.Unlock()
+	if reads.off {
+		return nil
+	}
+	for _, r := range reads.byName[consumer] {
+		if r.join(key) {
+			return r
+		}
+	}
+	r, err := s.newSharedReader(ctx, client, consumer)
+	if err != nil {
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			reads.off = true
+			s.logger.Info("The client may not run CLIENT ID or CLIENT UNBLOCK: every subscription reads new entries over a connection of its own. "+
+				"Allow client|id and client|unblock for this client to share one connection among many subscriptions (see the permissions in docs/design.md)",
+				watermill.LogFields{"error": err.Error()})
+		} else {
+			s.logger.Debug("Could not start a shared reader; the subscription reads on its own", watermill.LogFields{"error": err.Error()})
+		}
+		return nil
+	}
+	if reads.byName == nil {
+		reads.byName = map[string][]*sharedReader{}
+	}
+	reads.byName[consumer] = append(reads.byName[consumer], r)
+	r.join(key)
+	s.wg.Add(2) // the caller's subscription holds a count, so Close cannot be past Wait
+	go func() {
+		defer s.wg.Done()
+		r.readLoop()
+	}()
+	go func() {
+		defer s.wg.Done()
+		r.interrupter()
+	}()
+	return r
+}
+
+// newSharedReader connects a shared reader and checks that the client may
+// interrupt it: its connection learns its CLIENT ID, and the user's client
+// sends CLIENT UNBLOCK for it (answered 0: nothing is blocked yet).
+func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, consumer string) (*sharedReader, error) {
+	r := &sharedReader{
+		sub:      s,
+		group:    s.config.ConsumerGroup,
+		consumer: consumer,
+		block:    s.config.BlockTime,
+		logger:   s.logger.With(watermill.LogFields{"consumer_group": s.config.ConsumerGroup, "consumer": consumer}),
+		members:  map[string]*sharedMember{},
+		wake:     make(chan struct{}, 1),
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	opt := *user.Options()
+	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
+	userOnConnect := opt.OnConnect
+	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if userOnConnect != nil {
+			if err := userOnConnect(ctx, cn); err != nil {
+				return err
+			}
+		}
+		id, err := cn.ClientID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.connID = id
+		r.mu.Unlock()
+		return nil
+	}
+	r.client = redis.NewClient(&opt)
+	err := r.client.Ping(ctx).Err()
+	if err == nil {
+		err = user.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err()
+	}
+	if err != nil {
+		_ = r.client.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *sharedReader) id() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.connID
+}
+
+// join adds the subscription of key, unless the reader is full or ending.
+func (r *sharedReader) join(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ending || len(r.members) >= sharedReadStreams {
+		return false
+	}
+	r.members[key] = &sharedMember{}
+	return true
+}
+
+// leave removes the subscription of key, which ended, and returns the ids
+// of the entries parked for it, to hand back. A read in flight that brings
+// entries for key hands them back itself. The last member to leave ends
+// the reader.
+func (r *sharedReader) leave(key string) []string {
+	reads := &r.sub.sharedReads
+	reads.mu.Lock()
+	defer reads.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.members[key]
+	delete(r.members, key)
+	var ids []string
+	if m != nil {
+		for _, e := range m.parked {
+			ids = append(ids, e.ID)
+		}
+	}
+	if len(r.members) == 0 {
+		r.ending = true
+		list := reads.byName[r.consumer]
+		for i, x := range list {
+			if x == r {
+				reads.byName[r.consumer] = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(reads.byName[r.consumer]) == 0 {
+			delete(reads.byName, r.consumer)
+		}
+		r.interruptLocked(true)
+		signal(r.wake)
+	}
+	return ids
+}
+
+// wait waits up to the reader's BlockTime, or until ctx ends, for new
+// entries of key, at most count of them. Entries parked for key are
+// returned at once, with parked set: they were read while the subscription
+// did not wait, so they may have been reclaimed by a peer since.
+func (r *sharedReader) wait(ctx context.Context, key string, count int64) (msgs []redis.XMessage, parked bool, err error) {
+	r.mu.Lock()
+	m := r.members[key]
+	if len(m.parked) > 0 {
+		msgs, m.parked = m.parked, nil
+		r.mu.Unlock()
+		return msgs, true, nil
+	}
+	got := make(chan sharedReadResult, 1)
+	m.got, m.count = got, count
+	if r.reading && (!r.readKeys[key] || count < r.readCount) {
+		r.interruptLocked(false)
+	}
+	signal(r.wake)
+	r.mu.Unlock()
+
+	t := time.NewTimer(r.block)
+	defer t.Stop()
+	select {
+	case res := <-got:
+		return res.msgs, false, res.err
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	if m.got == got {
+		m.got = nil // still waiting: nothing came
+	}
+	r.mu.Unlock()
+	select {
+	case res := <-got:
+		// It came while the wait ended: the loop queues it (and, when it
+		// ends, hands it back).
+		return res.msgs, false, res.err
+	default:
+		return nil, false, nil
+	}
+}
+
+// interruptLocked asks the interrupter to end the read in flight, if any,
+// and if no interrupt was asked for it yet (or always, when the reader
+// ends). r.mu is held.
+func (r *sharedReader) interruptLocked(always bool) {
+	if !r.reading || (r.interrupted && !always) {
+		return
+	}
+	r.interrupted, r.interruptOf = true, r.readSeq
+	signal(r.kick)
+}
+
+// signal wakes the goroutine that waits on c, without blocking.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// readLoop sends the shared read while subscriptions wait, and hands out
+// what it brings, until the last member has left.
+func (r *sharedReader) readLoop() {
+	defer close(r.done)
+	defer func() { _ = r.client.Close() }()
+	for {
+		r.mu.Lock()
+		var keys []string
+		var count int64
+		for !r.ending {
+			keys, count = r.waitingLocked()
+			if len(keys) > 0 {
+				break
+			}
+			r.mu.Unlock()
+			<-r.wake
+			r.mu.Lock()
+		}
+		if r.ending {
+			r.mu.Unlock()
+			return
+		}
+		r.reading, r.interrupted = true, false
+		r.readSeq++
+		r.readKeys = make(map[string]bool, len(keys))
+		for _, k := range keys {
+			r.readKeys[k] = true
+		}
+		r.readCount = count
+		r.mu.Unlock()
+
+		streams := make([]string, 0, 2*len(keys))
+		streams = append(streams, keys...)
+		for range keys {
+			streams = append(streams, ">")
+		}
+		// Never cancelled: it ends within BlockTime, or at once by an
+		// interrupt, and its reply is always read.
+		res, err := r.client.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+			Group: r.group, Consumer: r.consumer, Streams: streams, Count: count, Block: r.block,
+		}).Result()
+		r.handOut(keys, res, err)
+	}
+}
+
+// waitingLocked returns the streams of the waiting members and the smallest
+// count they wait for. r.mu is held.
+func (r *sharedReader) waitingLocked() ([]string, int64) {
+	var keys []string
+	var count int64
+	for k, m := range r.members {
+		if m.got == nil {
+			continue
+		}
+		keys = append(keys, k)
+		if count == 0 || m.count < count {
+			count = m.count
+		}
+	}
+	return keys, max(count, 1)
+}
+
+// handOut gives each waiting member what the read of keys brought (or its
+// error), parks the entries of members that stopped waiting, and hands back
+// those of streams whose subscription ended.
+func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
+	if err == redis.Nil {
+		err = nil
+	}
+	var back map[string][]string
+	r.mu.Lock()
+	r.reading = false
+	if err != nil {
+		for _, k := range keys {
+			if m := r.members[k]; m != nil && m.got != nil {
+				m.got <- sharedReadResult{err: err}
+				m.got = nil
+			}
+		}
+	}
+	for _, s := range res {
+		if len(s.Messages) == 0 {
+			continue
+		}
+		m := r.members[s.Stream]
+		switch {
+		case m == nil:
+			if back == nil {
+				back = map[string][]string{}
+			}
+			for _, e := range s.Messages {
+				back[s.Stream] = append(back[s.Stream], e.ID)
+			}
+		case m.got != nil:
+			m.got <- sharedReadResult{msgs: s.Messages}
+			m.got = nil
+		default:
+			m.parked = append(m.parked, s.Messages...)
+		}
+	}
+	r.mu.Unlock()
+	if len(back) > 0 {
+		r.handBack(back)
+	}
+}
+
+// handBack hands back entries that a read brought for subscriptions that
+// had ended, so that a peer takes them at its next claim beat.
+func (r *sharedReader) handBack(back map[string][]string) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+	defer cancel()
+	pipe := r.sub.config.Client.Pipeline()
+	for key, ids := range back {
+		pipe.Do(ctx, handBackArgs(key, r.group, r.consumer, ids)...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		r.sub.stats.faults.Add(1)
+		r.logger.Error("Handing back entries read for subscriptions that had ended failed; peers reclaim them after ClaimMinIdle, or this consumer name drains them when it subscribes again",
+			err, watermill.LogFields{"streams": len(back)})
+		return
+	}
+	r.logger.Debug("Handed back entries read for subscriptions that had ended", watermill.LogFields{"streams": len(back)})
+}
+
+// interrupter ends the read in flight when asked (kick): it sends CLIENT
+// UNBLOCK for the reader's connection through the user's client, again
+// shortly while the server answers 0 and the same read is outstanding.
+func (r *sharedReader) interrupter() {
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-r.kick:
+		}
+		r.mu.Lock()
+		seq := r.interruptOf
+		reading := r.reading && r.readSeq == seq
+		r.mu.Unlock()
+		pause := 50 * time.Microsecond
+		for reading {
+			n, err := r.sub.config.Client.Do(context.Background(), "CLIENT", "UNBLOCK", r.id()).Int()
+			if err != nil {
+				r.sub.stats.faults.Add(1)
+				r.logger.Error("Interrupting the shared read failed; waiting subscriptions read again when it times out (BlockTime)", err, nil)
+				break
+			}
+			if n == 1 {
+				break
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-r.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			pause = min(2*pause, unblockRetryMax)
+			r.mu.Lock()
+			reading = r.reading && r.readSeq == seq
+			r.mu.Unlock()
+		}
+	}
+}
+
+// readShared waits for new entries with the loop's shared reader and
+// queues them.
+func (l *groupLoop) readShared(ctx context.Context) error {
+	count := l.prefetch.count()
+	msgs, parked, err := l.shared.wait(ctx, l.key, count)
+	if err != nil {
+		return fmt.Errorf("reading new entries: %w", err)
+	}
+	if parked {
+		// Read while the loop did not wait, and held by nobody meanwhile:
+		// check that they are still this consumer's, with their counts.
+		if _, err := l.enqueueWithCounts(ctx, msgs); err != nil {
+			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
+		}
+		return nil
+	}
+	// A shared read may ask for fewer than count (the least any waiting
+	// subscription asks for): more may wait only if this one got count.
+	l.more = int64(l.enqueueNew([]redis.XStream{{Stream: l.key, Messages: msgs}})) == count
+	return nil
+}
+
+// leaveShared leaves the loop's shared reader, if any, when the loop ends;
+// the entries parked for it are handed back with the loop's others.
+func (l *groupLoop) leaveShared() {
+	if l.shared != nil {
+		l.giveBack = append(l.giveBack, l.shared.leave(l.key)...)
+	}
+}

@@ -55,6 +55,16 @@ func (p *fetchPlan) next(now time.Time) step {
 	}
 }
 
+// untilClaim returns how long a loop that holds nothing may wait for new
+// entries: until its next claim beat, and at least least; negative (for
+// ever) when it never claims.
+func (p *fetchPlan) untilClaim(now time.Time, least time.Duration) time.Duration {
+	if p.every < 0 {
+		return -1
+	}
+	return max(p.nextClaim.Sub(now), least)
+}
+
 // mustFetch reports whether the loop must fetch before it delivers what it
 // holds: a sweep cannot wait for the queue to empty.
 func (p *fetchPlan) mustFetch() bool { return p.sweeping }

@@ -33,8 +33,9 @@ import (
 // reached the server yet) is sent again shortly, while the same read is
 // still outstanding. At most one interrupt is asked per read.
 //
-// A subscription waits at most BlockTime, as with a read of its own, and
-// ends its wait at once when its context ends. Entries that a read brought
+// A subscription that holds nothing waits until its next claim beat (at
+// least BlockTime; for ever with NoReclaim), since nothing else needs its
+// loop meanwhile, and ends its wait at once when its context ends. Entries that a read brought
 // for a stream whose subscription stopped waiting meanwhile are parked for
 // its next wait (which checks that they are still its own before it queues
 // them); if the subscription has ended, they are handed back (XCLAIM ...
@@ -248,11 +249,11 @@ func (r *sharedReader) leave(key string) []string {
 	return ids
 }
 
-// wait waits up to the reader's BlockTime, or until ctx ends, for new
-// entries of key, at most count of them. Entries parked for key are
+// wait waits up to d (for ever when d is negative), or until ctx ends, for
+// new entries of key, at most count of them. Entries parked for key are
 // returned at once, with parked set: they were read while the subscription
 // did not wait, so they may have been reclaimed by a peer since.
-func (r *sharedReader) wait(ctx context.Context, key string, count int64) (msgs []redis.XMessage, parked bool, err error) {
+func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time.Duration) (msgs []redis.XMessage, parked bool, err error) {
 	r.mu.Lock()
 	m := r.members[key]
 	if len(m.parked) > 0 {
@@ -268,12 +269,16 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64) (msgs 
 	signal(r.wake)
 	r.mu.Unlock()
 
-	t := time.NewTimer(r.block)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case res := <-got:
 		return res.msgs, false, res.err
-	case <-t.C:
+	case <-timeout:
 	case <-ctx.Done():
 	}
 	r.mu.Lock()
@@ -478,7 +483,7 @@ func (r *sharedReader) interrupter() {
 // queues them.
 func (l *groupLoop) readShared(ctx context.Context) error {
 	count := l.prefetch.count()
-	msgs, parked, err := l.shared.wait(ctx, l.key, count)
+	msgs, parked, err := l.shared.wait(ctx, l.key, count, l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}

@@ -412,20 +412,32 @@ type sweeper struct {
 	self    string
 	age     time.Duration
 	logger  watermill.LoggerAdapter
-	failing bool // the last sweep failed (logged once per streak)
+	failing bool      // the last sweep failed (logged once per streak)
+	next    time.Time // no sweep before this: see sweepEvery
 }
+
+// sweepEvery is how many sweeps a subscription runs at most per
+// RemoveIdleConsumersAfter: a departed consumer goes within a quarter of the
+// age after it is due, and a group of many subscriptions lists its
+// consumers (XINFO CONSUMERS) rarely, not on every claim beat.
+const sweepEvery = 4
 
 func (s *Subscriber) newSweeper(stream, self string, logger watermill.LoggerAdapter) *sweeper {
 	return &sweeper{sub: s, stream: stream, group: s.config.ConsumerGroup, self: self,
 		age: s.config.RemoveIdleConsumersAfter, logger: logger}
 }
 
-// sweep removes departed consumers. A failure is counted and logged once per
+// sweep removes departed consumers, at most sweepEvery times per age. A failure is counted and logged once per
 // streak; it never disturbs the loop.
 func (w *sweeper) sweep(ctx context.Context) {
 	if w == nil || w.age == NeverRemoveConsumers {
 		return
 	}
+	now := time.Now()
+	if now.Before(w.next) {
+		return
+	}
+	w.next = now.Add(w.age / sweepEvery)
 	removed, err := w.removeDeparted(ctx)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -61,7 +61,7 @@ type groupLoop struct {
 	retries  retries
 	nackLog  logLimit
 
-	ahead    *aheadRead    // a read of new entries on its way while the loop delivers (overlap.go)
+	ahead    []*aheadRead  // reads of new entries on their way while the loop delivers, in order (overlap.go)
 	sending  *ackSend      // an XACK on its way while the loop delivers (overlap.go)
 	ackDue   bool          // Acks came due while sending was on its way
 	aheadErr error         // how the last such read failed, to handle once the queue is empty
@@ -138,7 +138,7 @@ func (l *groupLoop) run(ctx context.Context) {
 // next step if it brought nothing.
 func (l *groupLoop) fetch(ctx context.Context) error {
 	l.landAcks()
-	if l.ahead != nil || l.aheadErr != nil {
+	if len(l.ahead) > 0 || l.aheadErr != nil {
 		err := errors.Join(l.aheadErr, l.landAhead())
 		l.aheadErr = nil
 		return err

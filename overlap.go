@@ -19,8 +19,9 @@ import (
 // of new entries does, and only a handler that settles two or more entries
 // per PrefetchWindow gets one: a slow handler still reads one entry at a
 // time, after the one before is settled, so a backlog still spreads over the
-// consumers. At most one such read is on its way; the queue never holds
-// more than the entries due within a round trip plus one read.
+// consumers. Another read follows while the entries queued and on their way
+// are fewer than the handler settles in a round trip (up to maxAheadReads),
+// so a loop holds at most a round trip's worth of entries plus one read.
 
 // aheadRead is a read of new entries sent while the loop still delivers.
 // Its goroutine only sends it and closes done; the loop reads its results.
@@ -33,21 +34,32 @@ type aheadRead struct {
 	asked int64
 }
 
+// maxAheadReads is how many reads sent ahead may be on their way at once:
+// more than one when one read per round trip (BatchSize entries) is less
+// than the handler settles in that time. They land in the order they were
+// sent, which is the order of their entries in the stream.
+const maxAheadReads = 4
+
 // aheadTimeout bounds a read that overlaps handling: it does not block, so
 // only a server or network fault makes it last.
 const aheadTimeout = 30 * time.Second
 
 // readAhead sends a read of new entries if the loop is due one: its plan's
 // next step is a read, the last read got all it asked for (so more entries
-// may wait), no such read is on its way already, its handler is
-// fast enough to be given more than one entry per read, and the queue holds
-// no more than what the handler settles in one round trip of a read.
+// may wait), fewer than maxAheadReads are on their way, its handler is fast
+// enough to be given more than one entry per read, and the entries queued
+// and on their way are no more than what the handler settles in one round
+// trip of a read.
 func (l *groupLoop) readAhead(ctx context.Context) {
-	if l.ahead != nil || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
+	if len(l.ahead) >= maxAheadReads || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
 		return
 	}
 	n := l.prefetch.count()
-	if n < 2 || int64(len(l.queue)) > l.prefetch.settledWithin(l.readRTT) {
+	coming := int64(len(l.queue))
+	for _, r := range l.ahead {
+		coming += r.asked
+	}
+	if n < 2 || coming > l.prefetch.settledWithin(l.readRTT) {
 		return
 	}
 	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now(), asked: n}
@@ -61,7 +73,7 @@ func (l *groupLoop) readAhead(ctx context.Context) {
 		r.ack = pipe.XAck(rctx, l.key, l.group, r.acked...)
 	}
 	r.read = pipe.XReadGroup(rctx, args)
-	l.ahead = r
+	l.ahead = append(l.ahead, r)
 	go func() {
 		defer close(r.done)
 		defer cancel()
@@ -72,10 +84,10 @@ func (l *groupLoop) readAhead(ctx context.Context) {
 // aheadDone returns the channel that is closed when the read on its way
 // has its reply, or nil when there is none.
 func (l *groupLoop) aheadDone() <-chan struct{} {
-	if l.ahead == nil {
+	if len(l.ahead) == 0 {
 		return nil
 	}
-	return l.ahead.done
+	return l.ahead[0].done
 }
 
 // landAhead waits for the read on its way, if any, and queues what it
@@ -83,12 +95,12 @@ func (l *groupLoop) aheadDone() <-chan struct{} {
 // returned, as a failed fetch is: entries the read may have taken are pending
 // for this consumer and come back with the drain that follows.
 func (l *groupLoop) landAhead() error {
-	r := l.ahead
-	if r == nil {
+	if len(l.ahead) == 0 {
 		return nil
 	}
+	r := l.ahead[0]
 	<-r.done
-	l.ahead = nil
+	l.ahead = l.ahead[1:]
 	l.measureRead(time.Since(r.sent))
 	var ackErr error
 	if r.ack != nil {
@@ -128,12 +140,11 @@ func (l *groupLoop) landWhileBusy() {
 // ends: what it brought goes back (see flushOnExit), the Acks it failed to
 // send are sent again.
 func (l *groupLoop) landAheadOnExit() {
-	if l.ahead == nil {
-		return
-	}
-	if err := l.landAhead(); err != nil {
-		l.sub.stats.faults.Add(1)
-		l.logger.Error("A read of new entries failed as the subscription ended; entries it may have taken come back to this consumer name or to a peer after ClaimMinIdle", err, nil)
+	for len(l.ahead) > 0 {
+		if err := l.landAhead(); err != nil {
+			l.sub.stats.faults.Add(1)
+			l.logger.Error("A read of new entries failed as the subscription ended; entries it may have taken come back to this consumer name or to a peer after ClaimMinIdle", err, nil)
+		}
 	}
 }
 

@@ -19,9 +19,10 @@ import (
 // of new entries does, and only a handler that settles two or more entries
 // per PrefetchWindow gets one: a slow handler still reads one entry at a
 // time, after the one before is settled, so a backlog still spreads over the
-// consumers. Another read follows while the entries queued and on their way
-// are fewer than the handler settles in a round trip (up to maxAheadReads),
-// so a loop holds at most a round trip's worth of entries plus one read.
+// consumers. One such read is on its way at most (maxAheadReads), and the
+// entries queued and coming count against ReadAheadBytes, so a loop holds
+// at most a round trip's worth of entries plus one read, and no more bytes
+// than without overlapping.
 
 // aheadRead is a read of new entries sent while the loop still delivers.
 // Its goroutine only sends it and closes done; the loop reads its results.
@@ -34,11 +35,12 @@ type aheadRead struct {
 	asked int64
 }
 
-// maxAheadReads is how many reads sent ahead may be on their way at once:
-// more than one when one read per round trip (BatchSize entries) is less
-// than the handler settles in that time. They land in the order they were
-// sent, which is the order of their entries in the stream.
-const maxAheadReads = 4
+// maxAheadReads is how many reads sent ahead may be on their way at once.
+// One: two reads on two connections may reach the server in either order,
+// and the later one would then bring the earlier entries, so a loop that
+// delivers in stream order waits for one read before it sends the next, and
+// a read per round trip (BatchSize entries) bounds its rate.
+const maxAheadReads = 1
 
 // aheadTimeout bounds a read that overlaps handling: it does not block, so
 // only a server or network fault makes it last.
@@ -46,7 +48,7 @@ const aheadTimeout = 30 * time.Second
 
 // readAhead sends a read of new entries if the loop is due one: its plan's
 // next step is a read, the last read got all it asked for (so more entries
-// may wait), fewer than maxAheadReads are on their way, its handler is fast
+// may wait), no such read is on its way, its handler is fast
 // enough to be given more than one entry per read, and the entries queued
 // and on their way are no more than what the handler settles in one round
 // trip of a read.
@@ -60,6 +62,10 @@ func (l *groupLoop) readAhead(ctx context.Context) {
 		coming += r.asked
 	}
 	if n < 2 || coming > l.prefetch.settledWithin(l.readRTT) {
+		return
+	}
+	// What is queued or coming counts against ReadAheadBytes too.
+	if n = min(n, l.prefetch.room(coming)); n < 1 {
 		return
 	}
 	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now(), asked: n}

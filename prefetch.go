@@ -61,6 +61,15 @@ func (p *prefetch) settledWithin(d time.Duration) int64 {
 	return int64(d / p.avg)
 }
 
+// room returns how many more entries of the average size fit in
+// ReadAheadBytes beside held ones (no bound: as many as BatchSize).
+func (p *prefetch) room(held int64) int64 {
+	if p.maxBytes < 0 || p.size <= 0 {
+		return p.max
+	}
+	return p.maxBytes/p.size - held
+}
+
 // batch returns how many entries the next drain or claim asks for.
 func (p *prefetch) batch() int64 { return p.fit(p.max) }
 

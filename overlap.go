@@ -30,17 +30,22 @@ type aheadRead struct {
 	done  chan struct{}
 	acked []string // the Acks sent with it
 	ack   *redis.IntCmd
-	read  *redis.XStreamSliceCmd
+	reads []*redis.XStreamSliceCmd // in stream order: one connection, one pipeline
 	sent  time.Time
-	asked int64
+	asked int64 // by all its reads
 }
 
-// maxAheadReads is how many reads sent ahead may be on their way at once.
-// One: two reads on two connections may reach the server in either order,
-// and the later one would then bring the earlier entries, so a loop that
-// delivers in stream order waits for one read before it sends the next, and
-// a read per round trip (BatchSize entries) bounds its rate.
-const maxAheadReads = 1
+// maxAheadReads is how many pipelines of reads sent ahead may be on their
+// way at once. One: two on two connections may reach the server in either
+// order, and the later one would then bring the earlier entries. Within the
+// one pipeline, reads run in order; a pipeline holds up to maxAheadBatches
+// reads of at most BatchSize each, as many as the handler settles in a
+// round trip, so a fast handler far from the server is not bounded by one
+// read per round trip.
+const (
+	maxAheadReads   = 1
+	maxAheadBatches = 4
+)
 
 // aheadTimeout bounds a read that overlaps handling: it does not block, so
 // only a server or network fault makes it last.
@@ -51,7 +56,9 @@ const aheadTimeout = 30 * time.Second
 // may wait), no such read is on its way, its handler is fast
 // enough to be given more than one entry per read, and the entries queued
 // and on their way are no more than what the handler settles in one round
-// trip of a read.
+// trip of a read. It sends, in one pipeline, as many reads of what prefetch
+// allows as cover what the handler settles in a round trip (at least one,
+// at most maxAheadBatches), within ReadAheadBytes.
 func (l *groupLoop) readAhead(ctx context.Context) {
 	if len(l.ahead) >= maxAheadReads || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
 		return
@@ -68,17 +75,27 @@ func (l *groupLoop) readAhead(ctx context.Context) {
 	if n = min(n, l.prefetch.room(coming)); n < 1 {
 		return
 	}
-	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now(), asked: n}
-	args := l.readArgs(-1)
-	args.Count = n
-	// The read must reach its end even when the subscription ends, so that
-	// the entries it took are known and handed back (see landAhead).
+	// As many reads as the handler settles entries in a round trip, each
+	// of at most n.
+	total := min(l.prefetch.settledWithin(l.readRTT), maxAheadBatches*n, l.prefetch.room(coming))
+	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now()}
+	// The reads must reach their end even when the subscription ends, so
+	// that the entries they took are known and handed back (see landAhead).
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), aheadTimeout)
 	pipe := l.client.Pipeline()
 	if len(r.acked) > 0 {
 		r.ack = pipe.XAck(rctx, l.key, l.group, r.acked...)
 	}
-	r.read = pipe.XReadGroup(rctx, args)
+	for {
+		args := l.readArgs(-1)
+		args.Count = n
+		r.reads = append(r.reads, pipe.XReadGroup(rctx, args))
+		r.asked += n
+		if r.asked >= total {
+			break
+		}
+		n = min(n, total-r.asked)
+	}
 	l.ahead = append(l.ahead, r)
 	go func() {
 		defer close(r.done)
@@ -118,16 +135,20 @@ func (l *groupLoop) landAhead() error {
 			l.sub.stats.acked.Add(n)
 		}
 	}
-	streams, err := r.read.Result()
-	if errors.Is(err, redis.Nil) {
-		err = nil
-	}
-	if err != nil {
-		err = fmt.Errorf("reading new entries: %w", err)
-	}
 	holding := len(l.queue) > 0 || l.inFlight != ""
-	got := int64(l.enqueueNew(streams))
-	l.more = got == r.asked
+	var got int64
+	var err error
+	for _, read := range r.reads {
+		streams, rerr := read.Result()
+		if rerr != nil && !errors.Is(rerr, redis.Nil) {
+			// The reads after it may have taken entries: they are pending
+			// for this consumer and come back with the drain that follows.
+			err = fmt.Errorf("reading new entries: %w", rerr)
+			break
+		}
+		got += int64(l.enqueueNew(streams))
+	}
+	l.more = err == nil && got == r.asked
 	if got > 0 && !holding {
 		l.lease.start()
 	}

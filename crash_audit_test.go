@@ -68,6 +68,7 @@ type crashAuditParams struct {
 // VALKEYSTREAM_CRASH_SEED=<n> repeats the random choices of a run (the kill
 // moments still depend on the machine's timing).
 func TestCrashAudit(t *testing.T) {
+	testserver.Parallel(t)
 	runCrashAudit(t, crashAuditParams{
 		Messages:   20000,
 		Workers:    3,
@@ -84,6 +85,7 @@ func TestCrashAudit(t *testing.T) {
 // messages are delayed by up to a second, so the kills also land on workers
 // moving due messages into the stream: each must be moved exactly once.
 func TestCrashAuditDedup(t *testing.T) {
+	testserver.Parallel(t)
 	runCrashAudit(t, crashAuditParams{
 		Messages:   10000,
 		Workers:    3,

@@ -36,6 +36,7 @@ func waitReport(t *testing.T, check *valkeystream.HealthCheck, what string, ok f
 // A subscription whose calls fail longer than FailingFor is unhealthy with
 // the reason, and healthy again once the server is back.
 func TestHealthServerOutage(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	if !srv.Restartable() {
 		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be restarted by the test")
@@ -114,6 +115,7 @@ func TestHealthServerOutage(t *testing.T) {
 // Subscriber as closed; a new subscription to the same stream replaces the
 // ended one.
 func TestHealthEnded(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	client := newClient(t, srv)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{

@@ -71,10 +71,12 @@ func TestHealthServerOutage(t *testing.T) {
 		t.Errorf("subscription %+v, want topic health, group g, consumer c, ready", st)
 	}
 
+	// Taken before Kill, which returns only once the process is reaped:
+	// the subscription's calls may begin failing before Kill returns.
+	down := time.Now()
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	down := time.Now()
 	r = waitReport(t, check, "unhealthy while the server is down", func(r valkeystream.HealthReport) bool { return !r.Healthy })
 	if elapsed := time.Since(down); elapsed < 300*time.Millisecond {
 		t.Errorf("unhealthy %s after the server went down, want at least FailingFor (300ms)", elapsed)

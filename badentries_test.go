@@ -10,9 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 func TestTrimmedPendingEntriesAreAckedNotDelivered(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	e.publish(3)
@@ -31,6 +33,7 @@ func TestTrimmedPendingEntriesAreAckedNotDelivered(t *testing.T) {
 }
 
 func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	sent := e.publish(3)
@@ -64,6 +67,7 @@ func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
 }
 
 func TestUndecodableEntryIsMovedAsideAndTheLoopGoesOn(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	badID, err := e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Result()
@@ -92,6 +96,7 @@ func TestUndecodableEntryIsMovedAsideAndTheLoopGoesOn(t *testing.T) {
 }
 
 func TestUndecodableEntryStaysPendingWhenItCannotBeMoved(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	require.NoError(t, e.client.Set(ctx, e.topic+valkeystream.DefaultDeadLetterSuffix, "occupied", 0).Err())
@@ -129,6 +134,7 @@ func (sloppyUnmarshaler) Unmarshal(fields map[string]any) (*message.Message, err
 // nothing for is undecodable (dead-lettered with a group), and a message
 // without a metadata map still gets the delivery metadata.
 func TestFaultyUnmarshalerDoesNotCrashTheSubscription(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
@@ -167,6 +173,7 @@ func (panickingUnmarshaler) Unmarshal(fields map[string]any) (*message.Message, 
 // subscription: the entry is undecodable, dead-lettered with the panic as its
 // error (with a group) or skipped (fan-out).
 func TestPanickingUnmarshalerMakesAnUndecodableEntry(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
@@ -192,6 +199,7 @@ func TestPanickingUnmarshalerMakesAnUndecodableEntry(t *testing.T) {
 }
 
 func TestNoDeadLetterAcknowledgesUndecodableEntries(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{"foo", "bar"}}).Err())

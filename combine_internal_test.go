@@ -110,6 +110,7 @@ func publishAsync(pub *Publisher, topic string, msg *message.Message) chan error
 // next one, each with its own outcome: a call whose context ended while it
 // was queued writes nothing.
 func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
+	testserver.Parallel(t)
 	pub, client, g := gatedPublisher(t)
 	ctx := context.Background()
 	topic := "combine-" + watermill.NewShortUUID()
@@ -157,6 +158,7 @@ func TestConcurrentPublishesShareARoundTrip(t *testing.T) {
 
 // A round trip in progress for one stream holds up no call for another.
 func TestPublishToAnotherTopicIsNotHeldUp(t *testing.T) {
+	testserver.Parallel(t)
 	pub, client, g := gatedPublisher(t)
 	slow, other := "combine-slow-"+watermill.NewShortUUID(), "combine-other-"+watermill.NewShortUUID()
 	held := holdLeaders(pub, g, slow)
@@ -185,6 +187,7 @@ func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // A panic while a shared round trip is sent (in a client hook, say) reaches
 // the leading call; the calls it carried fail, and later calls still go.
 func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
+	testserver.Parallel(t)
 	pub, client, g := gatedPublisher(t)
 	client.AddHook(&panicHook{})
 	topic := "combine-" + watermill.NewShortUUID()
@@ -227,6 +230,7 @@ func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
 
 // Many goroutines publishing at once lose nothing and leave no call waiting.
 func TestManyConcurrentPublishers(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 16})
 	t.Cleanup(func() { _ = client.Close() })

@@ -11,12 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // The compat module (compat/) runs the same scenarios against the real
 // watermill-redisstream; these need only the server.
 
 func TestSubscriberReadsBothLayoutsInOrder(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	ours := e.publisher()
 	theirs := e.publisher(func(c *valkeystream.PublisherConfig) { c.Marshaler = valkeystream.RedisstreamMarshaler{} })
@@ -50,6 +52,7 @@ func TestSubscriberReadsBothLayoutsInOrder(t *testing.T) {
 }
 
 func TestMalformedIncumbentEntryIsDeadLetteredWithItsUUID(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	bad, err := e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.topic, Values: []any{

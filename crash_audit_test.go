@@ -67,6 +67,11 @@ type crashAuditParams struct {
 //
 // VALKEYSTREAM_CRASH_SEED=<n> repeats the random choices of a run (the kill
 // moments still depend on the machine's timing).
+//
+// The crash audits run serially, not beside the parallel tests: their kills
+// come at a steady pace while the workers' progress depends on the CPU they
+// get, and with the parallel tests beside them on two cores the workers of
+// TestCrashAuditDedup once fell so far behind that the audit gave up.
 func TestCrashAudit(t *testing.T) {
 	runCrashAudit(t, crashAuditParams{
 		Messages:   20000,

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // deliveries records the delivery count a handler saw on each call, by
@@ -82,6 +83,7 @@ func (p *flakyPublisher) calls() int {
 }
 
 func TestDeadLetterAfterExactlyMaxDeliveries(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := message.NewMessage(watermill.NewUUID(), []byte("order 7"))
 	sent.Metadata.Set("trace", "abc")
@@ -124,6 +126,7 @@ func TestDeadLetterAfterExactlyMaxDeliveries(t *testing.T) {
 }
 
 func TestDeadLetterLosesNothingAmongMany(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	const n = 200
 	sent := e.publish(n) // payloads "0".."199"
@@ -169,6 +172,7 @@ func TestDeadLetterLosesNothingAmongMany(t *testing.T) {
 }
 
 func TestDeadLetterAfterRestart(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(1)[0]
 	var seen deliveries
@@ -207,6 +211,7 @@ func TestDeadLetterAfterRestart(t *testing.T) {
 }
 
 func TestDeadLetterPublishFailureIsRetriedOnTheNextDelivery(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(1)[0]
 	var seen deliveries
@@ -227,6 +232,7 @@ func TestDeadLetterPublishFailureIsRetriedOnTheNextDelivery(t *testing.T) {
 }
 
 func TestDeadLetterWithClosedPublisherLeavesItPending(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(1)[0]
 	var seen deliveries
@@ -258,6 +264,7 @@ func TestDeadLetterWithClosedPublisherLeavesItPending(t *testing.T) {
 }
 
 func TestDeliveryLimitWithPoisonQueueAndRetry(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(1)[0]
 	poisonTopic := e.topic + ".poison"
@@ -292,6 +299,7 @@ func TestDeliveryLimitWithPoisonQueueAndRetry(t *testing.T) {
 }
 
 func TestUndecodableEntryIsDeadLetteredAsAMessage(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	const prefix = "app:"
@@ -546,6 +554,7 @@ func TestDeadLetterConfigValidate(t *testing.T) {
 // A DeadLetterConfig.Suffix equal to the Subscriber's DeadLetterSuffix puts
 // both kinds of dead letter of a topic in one stream.
 func TestDeadLetterSuffixFollowsTheSubscriber(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	const suffix = ":failed"

@@ -78,6 +78,7 @@ func TestDedupConfigValidate(t *testing.T) {
 // A handler that fails once and then succeeds runs twice and is marked done
 // once; a later duplicate of it is Acked without the handler.
 func TestDedupFailureThenSuccessRunsTwiceMarkedOnce(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	d := e.deduplicator()
 	var calls atomic.Int32
@@ -122,6 +123,7 @@ func TestDedupFailureThenSuccessRunsTwiceMarkedOnce(t *testing.T) {
 // run the handler once: the second waits for the first and is Acked as a
 // duplicate.
 func TestDedupConcurrentDeliveriesRunTheHandlerOnce(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	var arrived, ran atomic.Int32
 	bothArrived := make(chan struct{})
@@ -171,6 +173,7 @@ func TestDedupConcurrentDeliveriesRunTheHandlerOnce(t *testing.T) {
 // With BusyWait negative, a delivery that finds the message in progress is
 // Nacked at once with ErrDuplicateInProgress.
 func TestDedupBusyDeliveryIsNacked(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	d := e.deduplicator(func(c *valkeystream.DedupConfig) { c.BusyWait = -1 })
 	msg := e.delivered("g", watermill.NewUUID())
@@ -194,6 +197,7 @@ func TestDedupBusyDeliveryIsNacked(t *testing.T) {
 // process stops renewing (here: its client is closed, as if it died), the
 // mark expires within RunningTTL and a redelivery runs.
 func TestDedupInProgressMarkIsRenewedAndExpiresWhenItsOwnerDies(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	const ttl = time.Second // renewed every 333 ms; a stall of the test process up to 2/3 s is harmless
 	dyingClient := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
@@ -243,6 +247,7 @@ func TestDedupInProgressMarkIsRenewedAndExpiresWhenItsOwnerDies(t *testing.T) {
 // Marks are per consumer group: two groups each handle the message, and a
 // fan-out delivery without a Namespace is refused with an error naming it.
 func TestDedupNamespaces(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	d := e.deduplicator()
 	uuid := watermill.NewUUID()
@@ -269,6 +274,7 @@ func TestDedupNamespaces(t *testing.T) {
 // Watermill's Deduplicator with the server-side repository drops a repeat
 // across two routers' worth of middleware, and every key has a time to live.
 func TestExpiringKeyRepository(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	repo, err := valkeystream.NewExpiringKeyRepository(valkeystream.ExpiringKeyRepositoryConfig{Client: e.client, Window: time.Minute})
 	require.NoError(t, err)
@@ -357,6 +363,7 @@ func (p *failFirstPublish) Publish(topic string, msgs ...*message.Message) error
 // middleware returns; when that fails, the router Nacks the message. The
 // redelivery must run the handler again, or the produced messages are lost.
 func TestDedupProducedMessagesSurviveAFailedPublish(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	d := e.deduplicator()
 	out := e.topic + "-out"

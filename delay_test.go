@@ -73,6 +73,7 @@ func delayed(payload string, d delay.Delay) *message.Message {
 // alike, never before they are due, in due order, and within a generous
 // bound after; they keep their UUID and metadata.
 func TestDelayedMessagesArriveWhenDueInDueOrder(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	group := collectArrivals(e.subscribe(e.subscriber("g", "c")))
 	fanOut := collectArrivals(e.subscribe(e.subscriber("", "", func(c *valkeystream.SubscriberConfig) { c.Start = valkeystream.StartNew })))
@@ -126,6 +127,7 @@ func TestDelayedMessagesArriveWhenDueInDueOrder(t *testing.T) {
 }
 
 func TestDelayedPollIntervalValidate(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	for _, tc := range []struct {
 		interval time.Duration
@@ -148,6 +150,7 @@ func TestDelayedPollIntervalValidate(t *testing.T) {
 // failure, logs the streak once, backs off, and resumes once the key is
 // fixed.
 func TestDelayedMoverFailuresAreCountedLoggedOnceAndResume(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	delayedKey, err := valkeystream.DelayedKey(e.topic)
 	require.NoError(t, err)
@@ -174,6 +177,7 @@ func TestDelayedMoverFailuresAreCountedLoggedOnceAndResume(t *testing.T) {
 // A topic whose stream key has '}' but no hash tag cannot hold delayed
 // messages: Publish says so and writes nothing.
 func TestDelayedMessageToATopicWithoutASlotFails(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	msg := delayed("x", delay.For(time.Minute))
 	err := e.publisher().Publish("odd}topic", msg)
@@ -186,6 +190,7 @@ func TestDelayedMessageToATopicWithoutASlotFails(t *testing.T) {
 // delay.Until, delay.NewPublisher with a delay in the context, and a due time
 // in the past (delivered at once, straight into the stream).
 func TestDelayUntilContextAndPast(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	got := collectArrivals(e.subscribe(e.subscriber("g", "c")))
 	pub, err := delay.NewPublisher(e.publisher(), delay.PublisherConfig{AllowNoDelay: true})
@@ -215,6 +220,7 @@ func TestDelayUntilContextAndPast(t *testing.T) {
 // Messages waiting when their subscriber closes are delivered by the next
 // subscriber; publishing the same message twice stores it once.
 func TestDelayedMessagesOutliveTheirSubscriber(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	first := e.subscriber("g", "c")
 	firstGot := collectArrivals(e.subscribe(first))
@@ -240,6 +246,7 @@ func TestDelayedMessagesOutliveTheirSubscriber(t *testing.T) {
 // (the append-only file is fsynced on every write, as the tests run it) lose
 // none of them and store none twice in the stream.
 func TestDelayedMessagesSurviveServerKills(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	if !e.srv.Restartable() {
 		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be restarted by the test")
@@ -301,6 +308,7 @@ func TestDelayedMessagesSurviveServerKills(t *testing.T) {
 // consumed topic: a failed message returns after the delay, growing, with no
 // requeuer.
 func TestDelayOnErrorBackToTheSameTopic(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub := e.publisher()
 	poison, err := middleware.PoisonQueue(pub, e.topic)
@@ -340,6 +348,7 @@ func TestDelayOnErrorBackToTheSameTopic(t *testing.T) {
 // it back; it comes back no earlier than the delay, and again later with the
 // grown delay.
 func TestDelayOnErrorWithRequeuer(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub := e.publisher()
 	requeueTopic := e.topic + ".requeue"
@@ -416,6 +425,7 @@ func BenchmarkPublishDelayed(b *testing.B) {
 // like any other Publish, naming every message of the call, and the
 // messages are stored all the same.
 func TestDelayedPublishWaitsForReplicas(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub := e.publisher(func(c *valkeystream.PublisherConfig) {
 		c.WaitReplicas = 1
@@ -440,6 +450,7 @@ func TestDelayedPublishWaitsForReplicas(t *testing.T) {
 // A topic and the same name in a hash tag ("orders" and "{orders}") are two
 // streams: each one's delayed messages reach its own stream only.
 func TestDelayedMessagesStayWithTheirTopicBesideItsHashTaggedTwin(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	tagged := "{" + e.topic + "}"
 	plainKey, err := valkeystream.DelayedKey(e.topic)

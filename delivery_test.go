@@ -14,9 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 func TestDeliveryMetadata(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := message.NewMessage(watermill.NewUUID(), []byte("body"))
 	sent.Metadata.Set("trace", "abc")
@@ -43,6 +45,7 @@ func TestDeliveryMetadata(t *testing.T) {
 }
 
 func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", fullBatches)
 	msgs := e.subscribe(sub)
@@ -73,6 +76,7 @@ func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
 }
 
 func TestNackResendDelay(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	e.publish(1)
 	msgs := e.subscribe(e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
@@ -88,6 +92,7 @@ func TestNackResendDelay(t *testing.T) {
 }
 
 func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	e.publish(1)
@@ -109,6 +114,7 @@ func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
 }
 
 func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(2)
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
@@ -133,6 +139,7 @@ func TestAcksAreSentDuringNackResendDelay(t *testing.T) {
 }
 
 func TestMessageContextEndsWhenSettled(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	e.publish(1)
 	m := receive(t, e.subscribe(e.subscriber("g", "c")))
@@ -148,6 +155,7 @@ func TestMessageContextEndsWhenSettled(t *testing.T) {
 // With AckAtOnce each Ack reaches the server before the next message is
 // handed over, though the loop holds the rest of its batch.
 func TestAcksAtOnce(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = valkeystream.AckAtOnce
@@ -186,6 +194,7 @@ func (l infoCounter) With(fields watermill.LogFields) watermill.LoggerAdapter {
 // before each redelivery doubles from DefaultNackBackoffMin with the
 // server's delivery count, and the Nacks are logged at a bounded rate.
 func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	e.publish(1)
 	logged := infoCounter{LoggerAdapter: testLogger(), substr: "nacked", n: new(atomic.Int64)}
@@ -224,6 +233,7 @@ func TestAlwaysFailingHandlerBacksOffByDefault(t *testing.T) {
 // Stats' gauges show what XINFO cannot: how many of the entries pending for
 // this consumer wait in its queue, and which one a handler has.
 func TestStatsGaugesReadAheadAndInFlight(t *testing.T) {
+	testserver.Parallel(t)
 	for _, group := range []string{"g", ""} {
 		t.Run("group="+group, func(t *testing.T) {
 			e := newEnv(t)

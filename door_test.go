@@ -13,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 func TestGroupDoorRestartStormHasNoErrors(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	const n = 20
 	var wg sync.WaitGroup
@@ -41,6 +43,7 @@ func TestGroupDoorRestartStormHasNoErrors(t *testing.T) {
 }
 
 func TestGroupDoorRefusesWrongType(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	require.NoError(t, e.client.Set(context.Background(), e.topic, "not a stream", 0).Err())
 	sub := e.subscriber("g", "c")
@@ -60,6 +63,7 @@ func TestGroupDoorRefusesWrongType(t *testing.T) {
 }
 
 func TestGroupDoorCreatesStreamBeforeAnyWriter(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c")
 	require.NoError(t, sub.SubscribeInitialize(e.topic))
@@ -69,6 +73,7 @@ func TestGroupDoorCreatesStreamBeforeAnyWriter(t *testing.T) {
 }
 
 func TestDeclaredStart(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	old := e.publish(2)
 
@@ -106,6 +111,7 @@ func limitedSubscriber(t *testing.T, e *env, user, deny string) *valkeystream.Su
 }
 
 func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := limitedSubscriber(t, e, "no-scripts", "-@scripting")
 
@@ -120,6 +126,7 @@ func TestSubscribeFailsWhenScriptsAreNotAllowed(t *testing.T) {
 // lost, say) fails Subscribe with the cause, not with advice about
 // permissions.
 func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	lost := errors.New("connection lost")
 	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
@@ -145,6 +152,7 @@ func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
 }
 
 func TestGroupRecreatedWhenItVanishes(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	// A short BlockTime makes the loop notice the deleted stream sooner; the
@@ -163,6 +171,7 @@ func TestGroupRecreatedWhenItVanishes(t *testing.T) {
 }
 
 func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := limitedSubscriber(t, e, "no-xgroup", "-xgroup")
 

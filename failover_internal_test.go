@@ -96,6 +96,7 @@ func TestFailoverRetryDelay(t *testing.T) {
 // ClusterStateReloadInterval, a minute by default), while one whose errors
 // go through failover.failed finds the new master within a few tries.
 func TestFailoverReloadsTheSlotMap(t *testing.T) {
+	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

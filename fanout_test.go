@@ -10,9 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 func TestFanOutDeliversEveryEntryToEverySubscriber(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	newSub := func(start valkeystream.StartPosition) <-chan *message.Message {
 		sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{Client: e.client, Start: start}, testLogger())

@@ -95,6 +95,7 @@ func runUniversal(t *testing.T, newClient func() redis.UniversalClient) {
 // three-master cluster: each topic is one key, so one slot, and the topics
 // of a run spread over the masters.
 func TestPubSubCluster(t *testing.T) {
+	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	runUniversal(t, func() redis.UniversalClient {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
@@ -104,6 +105,7 @@ func TestPubSubCluster(t *testing.T) {
 // TestPubSubSentinel runs Watermill's universal suite, with consumer groups
 // and with fan-out, through Sentinel failover clients (go-redis defaults).
 func TestPubSubSentinel(t *testing.T) {
+	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	runUniversal(t, func() redis.UniversalClient {
 		return redis.NewFailoverClient(&redis.FailoverOptions{
@@ -119,6 +121,7 @@ func TestPubSubSentinel(t *testing.T) {
 // replica, every message whose Publish returned nil is delivered, and
 // nothing stays pending.
 func TestClusterMasterCrash(t *testing.T) {
+	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	const topic = "ha-cluster-crash"
 	client := clusterClient(t, c)
@@ -139,6 +142,7 @@ func TestClusterMasterCrash(t *testing.T) {
 // until its replica has caught up, so no message whose Publish returned nil
 // is missing from the new master, and every one is delivered.
 func TestClusterPlannedFailover(t *testing.T) {
+	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	const topic = "ha-cluster-planned"
 	client := clusterClient(t, c)
@@ -159,6 +163,7 @@ func TestClusterPlannedFailover(t *testing.T) {
 // go-redis defaults: the subscription resumes on the promoted replica, and
 // the same promises as for a cluster hold.
 func TestSentinelMasterCrash(t *testing.T) {
+	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	const topic = "ha-sentinel-crash"
 	client := sentinelClient(t, g)

@@ -36,6 +36,7 @@ func waitReport(t *testing.T, check *valkeystream.HealthCheck, what string, ok f
 // A subscription whose calls fail longer than FailingFor is unhealthy with
 // the reason, and healthy again once the server is back.
 func TestHealthServerOutage(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	if !srv.Restartable() {
 		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be restarted by the test")
@@ -70,10 +71,12 @@ func TestHealthServerOutage(t *testing.T) {
 		t.Errorf("subscription %+v, want topic health, group g, consumer c, ready", st)
 	}
 
+	// Taken before Kill, which returns only once the process is reaped:
+	// the subscription's calls may begin failing before Kill returns.
+	down := time.Now()
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	down := time.Now()
 	r = waitReport(t, check, "unhealthy while the server is down", func(r valkeystream.HealthReport) bool { return !r.Healthy })
 	if elapsed := time.Since(down); elapsed < 300*time.Millisecond {
 		t.Errorf("unhealthy %s after the server went down, want at least FailingFor (300ms)", elapsed)
@@ -114,6 +117,7 @@ func TestHealthServerOutage(t *testing.T) {
 // Subscriber as closed; a new subscription to the same stream replaces the
 // ended one.
 func TestHealthEnded(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	client := newClient(t, srv)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{

@@ -66,6 +66,7 @@ func TestDepartedConsumersAreIdleWithNothingPending(t *testing.T) {
 // leased, and one that was active recently. Its script checks again what it
 // removes: named a consumer with pending entries, it keeps it.
 func TestSweepRemovesOnlyDepartedConsumers(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	srv := testserver.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})

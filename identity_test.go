@@ -21,6 +21,7 @@ import (
 
 	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/audit"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // leaseKeyOf is the documented key of the lease on a consumer name (for a
@@ -43,6 +44,7 @@ func consumerOf(t *testing.T, e *env, msgs <-chan *message.Message) string {
 }
 
 func TestSameConsumerNameInOneProcessIsNeverShared(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	// Two Subscribers with clients of their own, as two components of one
@@ -82,6 +84,7 @@ func TestSameConsumerNameInOneProcessIsNeverShared(t *testing.T) {
 // A holder that renews its lease is alive: the name is never taken from it,
 // whoever set Consumer.
 func TestConsumerNameRenewedElsewhereIsNotTaken(t *testing.T) {
+	testserver.Parallel(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	e := newEnv(t)
 	key := leaseKeyOf(e.topic, "g", "worker")
@@ -112,6 +115,7 @@ func TestConsumerNameRenewedElsewhereIsNotTaken(t *testing.T) {
 // Close: Subscribe waits for it to lapse and takes the name, and with it
 // the pending entries.
 func TestConsumerNameOfAStoppedHolderIsTakenBack(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	require.NoError(t, e.client.XGroupCreateMkStream(ctx, e.topic, "g", "0").Err())
@@ -134,6 +138,7 @@ func TestConsumerNameOfAStoppedHolderIsTakenBack(t *testing.T) {
 }
 
 func TestCloseReleasesTheConsumerName(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	key := leaseKeyOf(e.topic, "g", "worker")
@@ -153,6 +158,7 @@ func TestCloseReleasesTheConsumerName(t *testing.T) {
 // and run again, or a Subscribe whose context ended and that starts again,
 // gets the name back and with it what was left pending.
 func TestNameIsFreeOnceTheChannelIsClosed(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	sub := e.subscriber("g", "worker")
@@ -173,6 +179,7 @@ func TestNameIsFreeOnceTheChannelIsClosed(t *testing.T) {
 }
 
 func TestSubscriptionThatLostItsNameStops(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	logs := newErrorLog(testLogger())
@@ -247,6 +254,7 @@ func holderPid(e *env, key string) int {
 
 // Two processes with the same Consumer: the second takes the next name.
 func TestSameConsumerNameInTwoProcessesIsNeverShared(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	bin := buildCrashWorker(t)
 	key := leaseKeyOf(e.topic, "g", "worker")
@@ -276,6 +284,7 @@ func TestSameConsumerNameInTwoProcessesIsNeverShared(t *testing.T) {
 // own pending entries (no peer could have reclaimed them: ClaimMinIdle is a
 // minute).
 func TestKilledProcessGetsItsNameAndPendingEntriesBack(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	bin := buildCrashWorker(t)
@@ -322,6 +331,7 @@ func TestKilledProcessGetsItsNameAndPendingEntriesBack(t *testing.T) {
 // get), each leaving entries pending: the names that left are removed once
 // they hold nothing and are idle past the age, and nothing is lost.
 func TestRollingRestartsWithFreshNamesLeaveOnlyLiveConsumers(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	const (
@@ -447,6 +457,7 @@ func TestRollingRestartsWithFreshNamesLeaveOnlyLiveConsumers(t *testing.T) {
 // whole life: Subscribe, Publish, Nack, an undecodable entry dead-lettered,
 // a delayed message, a departed consumer removed, Close.
 func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	topic := e.topic
@@ -515,6 +526,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 }
 
 func TestSubscribeFailsWhenTheLeaseIsRefused(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := limitedSubscriber(t, e, "no-set", "-set")
 

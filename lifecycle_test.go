@@ -23,6 +23,7 @@ import (
 )
 
 func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	// A short BlockTime makes the cancelled subscription end sooner; the
 	// default bounds it at 500 ms.
@@ -47,6 +48,7 @@ func TestSubscribeContextEndsOnlyThatSubscription(t *testing.T) {
 }
 
 func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = time.Minute // only Close or a read sends it
@@ -66,6 +68,7 @@ func TestCloseFlushesAcksAndLeavesTheRestPending(t *testing.T) {
 }
 
 func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	// A short BlockTime keeps the twenty Closes quick; the default works too.
 	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.BlockTime = 20 * time.Millisecond })
@@ -96,6 +99,9 @@ func TestCloseIsIdempotentAndRacesSubscribeSafely(t *testing.T) {
 	assert.ErrorIs(t, err, valkeystream.ErrSubscriberClosed)
 }
 
+// TestCloseLeavesNoGoroutine stays serial (no testserver.Parallel): it counts
+// the goroutines of the whole process, and Go runs the serial tests before
+// it lets the parallel ones start.
 func TestCloseLeavesNoGoroutine(t *testing.T) {
 	srv := testserver.Start(t)
 	// Goroutines of other tests (the universal suite leaves some
@@ -177,6 +183,7 @@ func goroutineID(stack string) int {
 }
 
 func TestConsumerNamesOfConcurrentSubscriptionsDiffer(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	// One entry per read, so that each subscription gets one of the two.
 	sub := e.subscriber("g", "host", func(c *valkeystream.SubscriberConfig) { c.BatchSize = 1 })
@@ -191,6 +198,7 @@ func TestConsumerNamesOfConcurrentSubscriptionsDiffer(t *testing.T) {
 }
 
 func TestDefaultConsumerNameIsTheHostName(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	host, err := os.Hostname()
 	require.NoError(t, err)
@@ -201,6 +209,7 @@ func TestDefaultConsumerNameIsTheHostName(t *testing.T) {
 }
 
 func TestAckJustBeforeCloseIsSent(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	for i := range 20 {
 		e.publish(1)
@@ -215,6 +224,7 @@ func TestAckJustBeforeCloseIsSent(t *testing.T) {
 // A Close that ends a Subscribe still running its door makes that Subscribe
 // return ErrSubscriberClosed, not the door's cancelled call.
 func TestCloseDuringSubscribeReturnsErrSubscriberClosed(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	client := newClient(t, e.srv)
 	inDoor := make(chan struct{})
@@ -243,6 +253,7 @@ func TestCloseDuringSubscribeReturnsErrSubscriberClosed(t *testing.T) {
 }
 
 func TestSubscribeInitializeAfterClose(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	for _, group := range []string{"g", ""} {
 		sub := e.subscriber(group, "c")
@@ -256,6 +267,7 @@ func TestSubscribeInitializeAfterClose(t *testing.T) {
 // context stays alive, its Ack is sent, and the entries read ahead are
 // handed back, idle, with their delivery counts unchanged.
 func TestCloseWaitsForTheMessageInFlightAndHandsBackTheRest(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", fullBatches)
@@ -287,6 +299,7 @@ func TestCloseWaitsForTheMessageInFlightAndHandsBackTheRest(t *testing.T) {
 // Entries a closing subscription hands back go to a live peer on its next
 // claim beat, not after ClaimMinIdle (30 s by default).
 func TestHandedBackEntriesGoToAPeerAtItsNextBeat(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	leaving := e.subscriber("g", "leaving", fullBatches)
 	msgs := e.subscribe(leaving)
@@ -325,6 +338,7 @@ func TestHandedBackEntriesGoToAPeerAtItsNextBeat(t *testing.T) {
 // nothing is left pending, so a restart redelivers nothing. (With
 // NoCloseGrace the entry stays pending.)
 func TestRouterCloseDuringAHandlerRedeliversNothing(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	started := make(chan struct{}, 1)
 	var handled atomic.Int64
@@ -348,6 +362,7 @@ func TestRouterCloseDuringAHandlerRedeliversNothing(t *testing.T) {
 // Close ends a blocked read at once: an idle subscription with a one-minute
 // BlockTime closes long before the read would have ended by itself.
 func TestCloseEndsABlockedReadAtOnce(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	client, reads := e.commandCounter("xreadgroup")
 	sub := e.subscriber("g", "c", onClient(client), func(c *valkeystream.SubscriberConfig) {

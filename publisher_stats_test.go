@@ -14,6 +14,7 @@ import (
 )
 
 func TestPublisherStats(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	client := newClient(t, srv)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
@@ -51,6 +52,7 @@ func TestPublisherStats(t *testing.T) {
 // Concurrent calls share round trips: fewer round trips than calls, and
 // every message counted once.
 func TestPublisherStatsShared(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	client := newClient(t, srv)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)

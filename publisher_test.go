@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // roundTrips counts the round trips that carry XADD: single commands and
@@ -54,6 +55,7 @@ func newMessages(n int) []*message.Message {
 }
 
 func TestPublishSendsOneCallInOneRoundTrip(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	counter := &roundTrips{}
 	e.client.AddHook(counter)
@@ -75,6 +77,7 @@ func TestPublishSendsOneCallInOneRoundTrip(t *testing.T) {
 }
 
 func TestPublishErrorNamesTheMessagesNotWritten(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	require.NoError(t, e.client.Set(context.Background(), e.topic, "not a stream", 0).Err())
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
@@ -91,6 +94,7 @@ func TestPublishErrorNamesTheMessagesNotWritten(t *testing.T) {
 }
 
 func TestPublishRejectsAnInvalidMessageBeforeSendingAny(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
 	require.NoError(t, err)
@@ -106,6 +110,7 @@ func TestPublishRejectsAnInvalidMessageBeforeSendingAny(t *testing.T) {
 }
 
 func TestPublishUsesTheMessageContext(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
 	require.NoError(t, err)
@@ -120,6 +125,7 @@ func TestPublishUsesTheMessageContext(t *testing.T) {
 }
 
 func TestPublishRetention(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	// Approximate trimming removes whole nodes only; one entry per node makes
@@ -158,6 +164,7 @@ func TestPublishRetention(t *testing.T) {
 // A MaxAge that reaches back before 1970 ("keep for a century") trims
 // nothing, and publishing works.
 func TestPublishRetentionOlderThanTheEpochTrimsNothing(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
 		Client:    e.client,
@@ -171,6 +178,7 @@ func TestPublishRetentionOlderThanTheEpochTrimsNothing(t *testing.T) {
 // The Publisher keeps its own copy of Retention: the caller's later changes
 // to the map neither apply nor race with Publish.
 func TestPublisherKeepsItsOwnRetention(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	retention := map[string]valkeystream.Retention{e.topic: {MaxLen: 1000}}
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client, Retention: retention}, nil)
@@ -181,6 +189,7 @@ func TestPublisherKeepsItsOwnRetention(t *testing.T) {
 }
 
 func TestPublishAfterClose(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: e.client}, nil)
 	require.NoError(t, err)

@@ -65,6 +65,7 @@ func upstreamReconnect(t *testing.T, srv *testserver.Server) []string {
 // group already handled, so NewSubscriberReceivesOldMessages is false here;
 // TestPubSubFanOut covers it.
 func TestPubSub(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	features := tests.Features{
 		ConsumerGroups:                      true,
@@ -86,6 +87,7 @@ func TestPubSub(t *testing.T) {
 // TestPubSubFanOut runs Watermill's universal suite without consumer groups:
 // every subscriber reads the whole stream from its head.
 func TestPubSubFanOut(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	features := tests.Features{
 		GuaranteedOrder:                     true,

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // publishLarge adds n messages of size bytes each in one MULTI/EXEC, so that
@@ -41,6 +42,7 @@ func (e *env) publishLarge(n, size int) []string {
 // everything is still delivered and acknowledged. The unbounded subscription
 // shows that the test can tell the two apart.
 func TestReadAheadBytesBoundsLargeEntries(t *testing.T) {
+	testserver.Parallel(t)
 	const (
 		entries = 50
 		size    = 256 << 10

@@ -21,6 +21,7 @@ import (
 // one per call, and one subscription consumes them. Every message whose
 // Publish returned nil must be delivered. Shipped default timings throughout.
 func TestReconnect(t *testing.T) {
+	testserver.Parallel(t)
 	for _, mode := range []struct {
 		name  string
 		group string
@@ -142,6 +143,7 @@ func testReconnect(t *testing.T, srv *testserver.Server, group string) {
 // thousands of times), then resume by itself and deliver what is published
 // after the server is back.
 func TestOutageBacksOffAndResumes(t *testing.T) {
+	testserver.Parallel(t)
 	for _, group := range []string{"outage", ""} {
 		t.Run("group="+group, func(t *testing.T) {
 			srv := testserver.Start(t)

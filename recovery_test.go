@@ -13,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	held := e.publish(3)
 
@@ -43,6 +45,7 @@ func TestRestartedConsumerGetsItsOwnPendingEntriesFirst(t *testing.T) {
 }
 
 func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publish(3)
 	e.readAs("g", "dead", 3)
@@ -64,6 +67,7 @@ func TestPeerReclaimsEntriesOfAConsumerThatNeverReturns(t *testing.T) {
 }
 
 func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	e.publish(1)
 	holder := e.subscriber("g", "holder", leaseClaim)
@@ -89,6 +93,7 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 }
 
 func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	slow := e.subscriber("g", "slow", fullBatches, leaseClaim)
 	msgs := e.subscribe(slow)
@@ -122,6 +127,7 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 }
 
 func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	// Renewals every second. The claim beat runs once at the start and not
@@ -150,6 +156,7 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 }
 
 func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", fullBatches, shortClaim)
@@ -170,6 +177,7 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 // An entry waiting to be handed over that a renewal finds held by another
 // consumer is not delivered: that consumer delivers it.
 func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	scripts := e.streamScripts()
@@ -199,6 +207,7 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 // With NoReclaim a subscription never claims: the entries of a consumer
 // that left stay pending for it, however long they are idle.
 func TestNoReclaimNeverClaims(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	e.publish(1)
 	gone := e.readAs("g", "gone", 1)
@@ -228,6 +237,7 @@ func TestNoReclaimNeverClaims(t *testing.T) {
 // handler settles soon, so workers with a slow handler split a backlog
 // instead of the first taking it all.
 func TestSlowHandlersShareABacklog(t *testing.T) {
+	testserver.Parallel(t)
 	for _, tt := range []struct {
 		workers, entries int
 		handler          time.Duration

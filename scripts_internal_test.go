@@ -14,6 +14,7 @@ import (
 // count twice: the script claims only while the count is still the Nacked
 // delivery's.
 func TestNackClaimIsIdempotent(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	srv := testserver.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})

@@ -38,6 +38,7 @@ const (
 // nothing may stay pending. A Publish that failed may or may not have been
 // written; if it was, its messages are delivered like any other.
 func TestServerCrashEverySuccessfulPublishIsDelivered(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	if !srv.Restartable() {
 		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be killed by the test: this audit needs a private server")
@@ -54,6 +55,7 @@ func TestServerCrashEverySuccessfulPublishIsDelivered(t *testing.T) {
 // subscriptions from an admin client mid-stream (CLIENT KILL), five times:
 // every loop must resume by itself and nothing may be lost.
 func TestServerCrashClientKill(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	r := newServerCrashRun(t, srv, serverCrashOptions{messages: 6000})
 	var disruptions []serverDisruption
@@ -71,6 +73,7 @@ func TestServerCrashClientKill(t *testing.T) {
 // rather than spin, log a handful of lines rather than a flood, and resume by
 // themselves once the pause ends, losing nothing.
 func TestServerCrashClientPause(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	r := newServerCrashRun(t, srv, serverCrashOptions{messages: 6000, readTimeout: 200 * time.Millisecond})
 	r.run([]serverDisruption{r.clientPause("ALL"), r.clientPause("WRITE")})

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // The group destroyed under a running subscription is created again by the
@@ -17,6 +18,7 @@ import (
 // was gone, StartHead replays the whole stream (duplicates, told apart by
 // UUID). Entries that were pending are gone with the group.
 func TestGroupDestroyedWhileSubscribed(t *testing.T) {
+	testserver.Parallel(t)
 	for _, start := range []valkeystream.StartPosition{valkeystream.StartNew, valkeystream.StartHead} {
 		t.Run(start.String(), func(t *testing.T) {
 			ctx := context.Background()
@@ -57,6 +59,7 @@ func TestGroupDestroyedWhileSubscribed(t *testing.T) {
 // the subscription logs each failure and backs off (no busy loop), and goes
 // on once the key is a stream again.
 func TestStreamReplacedByAnotherType(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	logs := newErrorLog(testLogger())
@@ -105,6 +108,7 @@ const backoffCeiling = 5 * time.Second
 // their next use. Redis and Valkey word the NOSCRIPT reply differently; only
 // its prefix counts.
 func TestScriptCacheFlushedWhileSubscribed(t *testing.T) {
+	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	sub := e.subscriber("g", "c")

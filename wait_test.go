@@ -109,6 +109,7 @@ func testFrozenReplica(t *testing.T, pub *valkeystream.Publisher, topic, master 
 // failover under load loses no message whose Publish returned nil (the
 // writes that reach the demoted master find no replica and fail).
 func TestWaitReplicasSentinel(t *testing.T) {
+	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	addrs := g.DataAddrs()
 
@@ -149,6 +150,7 @@ func TestWaitReplicasSentinel(t *testing.T) {
 // fails with ErrNotReplicated, while a topic on another master is
 // unaffected.
 func TestWaitReplicasCluster(t *testing.T) {
+	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	ctx := context.Background()
 	const timeout = 300 * time.Millisecond
@@ -306,6 +308,7 @@ func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // after WaitTimeout, names its messages, and leaves them written; WAIT
 // follows the XADDs in the same round trip, one-message calls included.
 func TestWaitReplicasWithoutReplicas(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	hook := &waitHook{}
 	e.client.AddHook(hook)

@@ -164,6 +164,19 @@ func Start(t testing.TB) *Server {
 	return nil
 }
 
+// Parallel lets t run alongside the other tests that call it when Start
+// gives every test a private server (a process or a container of its own).
+// With the shared server of VALKEYSTREAM_TEST_ADDR it does nothing, and the
+// tests run one after the other: some change what the whole server does
+// (CLIENT PAUSE, CLIENT KILL, CONFIG SET, ACL users), which would disturb
+// the tests running beside them. Call it first in the test.
+func Parallel(t *testing.T) {
+	t.Helper()
+	if os.Getenv(envAddr) == "" {
+		t.Parallel()
+	}
+}
+
 // Addr is host:port.
 func (s *Server) Addr() string { return s.addr }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // readWatch records, for every read of new entries (XREADGROUP ... >) sent
@@ -74,6 +75,7 @@ func (e *env) watchReads(edit ...func(*valkeystream.SubscriberConfig)) (*valkeys
 // settles the last one, so that at a distance from the server it does not
 // wait a round trip per batch.
 func TestFastHandlerReadsWhileItStillHoldsEntries(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	const n = 3000
 	e.publish(n)
@@ -92,6 +94,7 @@ func TestFastHandlerReadsWhileItStillHoldsEntries(t *testing.T) {
 // nothing: reads overlap only for handlers that are given several entries
 // per read, so a backlog still spreads over the consumers.
 func TestSlowHandlerReadsOnlyWhenItHoldsNothing(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	const n = 12
 	e.publish(n)
@@ -112,6 +115,7 @@ func TestSlowHandlerReadsOnlyWhenItHoldsNothing(t *testing.T) {
 // handles the next, however long AckFlushInterval: a crash then leaves few
 // handled entries unacknowledged.
 func TestSlowHandlersAckIsSentWhileItHandlesTheNext(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sent := e.publishAtOnce(3)
 	sub := e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -96,6 +97,7 @@ func ackAll(chans map[string]<-chan *message.Message) (counts func() map[string]
 }
 
 func TestManyTopicsShareAFewConnections(t *testing.T) {
+	testserver.Parallel(t)
 	const topics, perTopic, poolSize = 200, 3, 4
 	e := newEnv(t)
 	// Pipelines on the main pool too (go-redis has a pool of its own for
@@ -143,6 +145,7 @@ func TestManyTopicsShareAFewConnections(t *testing.T) {
 }
 
 func TestANewSubscriptionInterruptsTheSharedRead(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", longBlock)
 	first, err := sub.Subscribe(context.Background(), e.topic+"-a")
@@ -171,6 +174,7 @@ func TestANewSubscriptionInterruptsTheSharedRead(t *testing.T) {
 }
 
 func TestEntriesOfAnEndedSubscriptionAreHandedBack(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", longBlock)
 	gone, stay := e.topic+"-gone", e.topic+"-stay"
@@ -217,6 +221,7 @@ func TestEntriesOfAnEndedSubscriptionAreHandedBack(t *testing.T) {
 }
 
 func TestCloseEndsManyIdleSharedSubscriptionsAtOnce(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", longBlock)
 	var chans []<-chan *message.Message
@@ -238,6 +243,7 @@ func TestCloseEndsManyIdleSharedSubscriptionsAtOnce(t *testing.T) {
 }
 
 func TestSubscriptionsReadOnTheirOwnWithoutClientUnblock(t *testing.T) {
+	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := limitedSubscriber(t, e, "no-unblock", "-client|unblock")
 	var chans []<-chan *message.Message

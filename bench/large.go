@@ -40,6 +40,7 @@ type childResult struct {
 	Elapsed    time.Duration `json:"elapsed"`
 	Duplicates int64         `json:"duplicates"`
 	Deliveries int64         `json:"deliveries"`
+	PeakRSS    int64         `json:"peak_rss"` // bytes; 0: not measured
 }
 
 // childSpec returns the run this process is to consume as a child, if it is
@@ -89,10 +90,15 @@ func runChild(spec childRun) error {
 	if err := sc.close(); err != nil {
 		return fmt.Errorf("child: %w", err)
 	}
+	peak, err := ownPeakRSS()
+	if err != nil {
+		return fmt.Errorf("child: %w", err)
+	}
 	return json.NewEncoder(os.Stdout).Encode(childResult{
 		Elapsed:    tr.elapsed(),
 		Duplicates: tr.duplicates.Load(),
 		Deliveries: tr.delivered.Load(),
+		PeakRSS:    peak,
 	})
 }
 
@@ -179,9 +185,5 @@ func runChildProcess(ctx context.Context, run childRun) (childResult, int64, err
 	if err := json.NewDecoder(io.LimitReader(&stdout, 1<<20)).Decode(&res); err != nil {
 		return childResult{}, 0, fmt.Errorf("reading the child's result %q: %w", stdout.String(), err)
 	}
-	peak, err := peakRSS(cmd.ProcessState)
-	if err != nil {
-		return childResult{}, 0, err
-	}
-	return res, peak, nil
+	return res, res.PeakRSS, nil
 }

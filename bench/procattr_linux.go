@@ -4,7 +4,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -14,12 +17,26 @@ func serverProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
-// peakRSS is the maximum resident set size of an exited process, in bytes
-// (Linux reports it in KiB).
-func peakRSS(ps *os.ProcessState) (int64, error) {
-	ru, ok := ps.SysUsage().(*syscall.Rusage)
-	if !ok || ru == nil {
-		return 0, errors.New("the kernel did not report the child's resident memory")
+// ownPeakRSS is this process's peak resident set size, in bytes: VmHWM of
+// /proc/self/status. The rusage of an exited child would not do: Linux
+// counts in it the memory of the parent it was started from, whose address
+// space the child shares until it execs, so a child of a large parent
+// reports the parent's size.
+func ownPeakRSS() (int64, error) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
 	}
-	return ru.Maxrss << 10, nil
+	for line := range strings.SplitSeq(string(status), "\n") {
+		rest, ok := strings.CutPrefix(line, "VmHWM:")
+		if !ok {
+			continue
+		}
+		kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("reading VmHWM %q: %w", rest, err)
+		}
+		return kib << 10, nil
+	}
+	return 0, errors.New("/proc/self/status has no VmHWM")
 }

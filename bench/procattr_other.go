@@ -2,13 +2,10 @@
 
 package main
 
-import (
-	"os"
-	"syscall"
-)
+import "syscall"
 
 // serverProcAttr: elsewhere the server is only stopped by stop.
 func serverProcAttr() *syscall.SysProcAttr { return nil }
 
-// peakRSS: measured on Linux only; 0 is reported as not measured.
-func peakRSS(*os.ProcessState) (int64, error) { return 0, nil }
+// ownPeakRSS: measured on Linux only; 0 is reported as not measured.
+func ownPeakRSS() (int64, error) { return 0, nil }

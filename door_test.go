@@ -95,11 +95,15 @@ func TestDeclaredStart(t *testing.T) {
 }
 
 // limitedSubscriber returns a group Subscriber whose client logs in as a
-// user with every permission but the ACL rule deny (e.g. "-xgroup").
-func limitedSubscriber(t *testing.T, e *env, user, deny string) *valkeystream.Subscriber {
+// user with every permission, then the ACL rules deny (e.g. "-xgroup").
+func limitedSubscriber(t *testing.T, e *env, user string, deny ...string) *valkeystream.Subscriber {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "+@all", deny).Err())
+	args := []any{"ACL", "SETUSER", user, "on", ">secret", "~*", "+@all"}
+	for _, rule := range deny {
+		args = append(args, rule)
+	}
+	require.NoError(t, e.client.Do(ctx, args...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", user).Err() })
 	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: user, Password: "secret"})
 	t.Cleanup(func() { _ = limited.Close() })

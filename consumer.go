@@ -61,8 +61,8 @@ type groupLoop struct {
 	retries  retries
 	nackLog  logLimit
 
-	ahead    []*aheadRead  // reads of new entries on their way while the loop delivers, in order (overlap.go)
-	sending  *ackSend      // an XACK on its way while the loop delivers (overlap.go)
+	ahead    *asyncTrip    // reads of new entries on their way while the loop delivers (overlap.go)
+	sending  *asyncTrip    // Acks on their way while the loop delivers (overlap.go)
 	ackDue   bool          // Acks came due while sending was on its way
 	aheadErr error         // how the last such read failed, to handle once the queue is empty
 	readRTT  time.Duration // moving average of a non-blocking read's round trip
@@ -138,7 +138,7 @@ func (l *groupLoop) run(ctx context.Context) {
 // next step if it brought nothing.
 func (l *groupLoop) fetch(ctx context.Context) error {
 	l.landAcks()
-	if len(l.ahead) > 0 || l.aheadErr != nil {
+	if l.ahead != nil || l.aheadErr != nil {
 		err := errors.Join(l.aheadErr, l.landAhead())
 		l.aheadErr = nil
 		return err
@@ -479,7 +479,7 @@ func (l *groupLoop) deliver(ctx context.Context, msg *message.Message) outcome {
 	w := waits{out: l.out, msg: msg}
 	closing := false
 	for {
-		w.flush, w.renew, w.read, w.ackSent = l.acks.due(), l.lease.due(true), l.aheadDone(), l.sendingDone()
+		w.flush, w.renew, w.read, w.ackSent = l.acks.due(), l.lease.due(true), l.ahead.doneChan(), l.sending.doneChan()
 		switch w.next(ctx) {
 		case evRead:
 			l.landWhileBusy()
@@ -538,7 +538,7 @@ func (l *groupLoop) pause(ctx context.Context, d time.Duration) bool {
 	w := waits{timer: t.C}
 	for {
 		w.flush, w.renew = l.acks.due(), l.lease.due(l.inFlight != "" || len(l.queue) > 0)
-		w.read, w.ackSent = l.aheadDone(), l.sendingDone()
+		w.read, w.ackSent = l.ahead.doneChan(), l.sending.doneChan()
 		switch w.next(ctx) {
 		case evTimer:
 			return true

@@ -19,126 +19,131 @@ import (
 // of new entries does, and only a handler that settles two or more entries
 // per PrefetchWindow gets one: a slow handler still reads one entry at a
 // time, after the one before is settled, so a backlog still spreads over the
-// consumers. One such read is on its way at most (maxAheadReads), and the
-// entries queued and coming count against ReadAheadBytes, so a loop holds
-// at most a round trip's worth of entries plus one read, and no more bytes
-// than without overlapping.
+// consumers. One such round trip is on its way at most: two on two
+// connections may reach the server in either order, and the later one would
+// then bring the earlier entries. Within it, up to maxAheadBatches reads of
+// at most BatchSize each run in order, as many as the handler settles in a
+// round trip, so a fast handler far from the server is not bound to one
+// batch per round trip. What is queued counts against ReadAheadBytes, so a
+// loop holds about a round trip's worth of entries plus one batch, and no
+// more bytes than without overlapping.
+//
+// Acks sent on their own (sendAcks) go the same way, in a round trip of
+// their own that the loop does not wait for either.
 
-// aheadRead is a read of new entries sent while the loop still delivers.
-// Its goroutine only sends it and closes done; the loop reads its results.
-type aheadRead struct {
+// asyncTrip is one round trip sent while the loop delivers: the Acks held,
+// and the reads of new entries, if any, in one pipeline. Its goroutine only
+// sends it and closes done; the loop reads the results (land).
+type asyncTrip struct {
 	done  chan struct{}
 	acked []string // the Acks sent with it
 	ack   *redis.IntCmd
-	reads []*redis.XStreamSliceCmd // in stream order: one connection, one pipeline
+	reads []*redis.XStreamSliceCmd // in stream order
+	asked int64                    // by all its reads
 	sent  time.Time
-	asked int64 // by all its reads
 }
 
-// maxAheadReads is how many pipelines of reads sent ahead may be on their
-// way at once. One: two on two connections may reach the server in either
-// order, and the later one would then bring the earlier entries. Within the
-// one pipeline, reads run in order; a pipeline holds up to maxAheadBatches
-// reads of at most BatchSize each, as many as the handler settles in a
-// round trip, so a fast handler far from the server is not bounded by one
-// read per round trip.
-const (
-	maxAheadReads   = 1
-	maxAheadBatches = 4
-)
+// maxAheadBatches is how many reads one round trip sent ahead holds at most.
+const maxAheadBatches = 4
 
-// aheadTimeout bounds a read that overlaps handling: it does not block, so
-// only a server or network fault makes it last.
-const aheadTimeout = 30 * time.Second
+// asyncTimeout bounds a round trip sent while the loop delivers: nothing in
+// it blocks, so only a server or network fault makes it last.
+const asyncTimeout = 30 * time.Second
 
-// readAhead sends a read of new entries if the loop is due one: its plan's
-// next step is a read, the last read got all it asked for (so more entries
-// may wait), no such read is on its way, its handler is fast
-// enough to be given more than one entry per read, and the entries queued
-// and on their way are no more than what the handler settles in one round
-// trip of a read. It sends, in one pipeline, as many reads of what prefetch
-// allows as cover what the handler settles in a round trip (at least one,
-// at most maxAheadBatches), within ReadAheadBytes.
-func (l *groupLoop) readAhead(ctx context.Context) {
-	if len(l.ahead) >= maxAheadReads || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
-		return
-	}
-	n := l.prefetch.count()
-	coming := int64(len(l.queue))
-	for _, r := range l.ahead {
-		coming += r.asked
-	}
-	if n < 2 || coming > l.prefetch.settledWithin(l.readRTT) {
-		return
-	}
-	// What is queued or coming counts against ReadAheadBytes too.
-	if n = min(n, l.prefetch.room(coming)); n < 1 {
-		return
-	}
-	// As many reads as the handler settles entries in a round trip, each
-	// of at most n.
-	total := min(l.prefetch.settledWithin(l.readRTT), maxAheadBatches*n, l.prefetch.room(coming))
-	r := &aheadRead{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now()}
-	// The reads must reach their end even when the subscription ends, so
-	// that the entries they took are known and handed back (see landAhead).
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), aheadTimeout)
+// sendAsync sends the held Acks and reads of counts new entries (in order)
+// in one pipeline, without waiting for the reply. The round trip reaches its
+// end even when the subscription ends, so that the entries it took are known
+// and handed back, and the Acks' outcome known.
+func (l *groupLoop) sendAsync(ctx context.Context, counts ...int64) *asyncTrip {
+	t := &asyncTrip{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now()}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncTimeout)
 	pipe := l.client.Pipeline()
-	if len(r.acked) > 0 {
-		r.ack = pipe.XAck(rctx, l.key, l.group, r.acked...)
+	if len(t.acked) > 0 {
+		t.ack = pipe.XAck(rctx, l.key, l.group, t.acked...)
 	}
-	for {
+	for _, n := range counts {
 		args := l.readArgs(-1)
 		args.Count = n
-		r.reads = append(r.reads, pipe.XReadGroup(rctx, args))
-		r.asked += n
-		if r.asked >= total {
-			break
-		}
-		n = min(n, total-r.asked)
+		t.reads = append(t.reads, pipe.XReadGroup(rctx, args))
+		t.asked += n
 	}
-	l.ahead = append(l.ahead, r)
 	go func() {
-		defer close(r.done)
+		defer close(t.done)
 		defer cancel()
 		_, _ = pipe.Exec(rctx) // each command carries its own error
 	}()
+	return t
 }
 
-// aheadDone returns the channel that is closed when the read on its way
-// has its reply, or nil when there is none.
-func (l *groupLoop) aheadDone() <-chan struct{} {
-	if len(l.ahead) == 0 {
+// landTripAcks reads the outcome of t's Acks: a failure keeps their ids, to be
+// sent again after a backoff, and is returned.
+func (l *groupLoop) landTripAcks(t *asyncTrip) error {
+	if t.ack == nil {
 		return nil
 	}
-	return l.ahead[0].done
+	n, err := t.ack.Result()
+	if err != nil {
+		l.acks.restore(t.acked)
+		return fmt.Errorf("acknowledging %d entries: %w", len(t.acked), err)
+	}
+	l.sub.stats.acked.Add(n)
+	return nil
 }
 
-// landAhead waits for the read on its way, if any, and queues what it
+// doneChan returns the channel that is closed when t has its reply, or nil when
+// there is no t.
+func (t *asyncTrip) doneChan() <-chan struct{} {
+	if t == nil {
+		return nil
+	}
+	return t.done
+}
+
+// readAhead sends the next reads of new entries if the loop is due them: its
+// plan's next step is a read, the last read got all it asked for (so more
+// entries may wait), no read is on its way, its handler is fast enough to be
+// given more than one entry per read, and the queue holds no more than what
+// the handler settles in one round trip of a read. It sends as many reads of
+// what prefetch allows as cover what the handler settles in a round trip (at
+// least one, at most maxAheadBatches), within ReadAheadBytes.
+func (l *groupLoop) readAhead(ctx context.Context) {
+	if l.ahead != nil || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
+		return
+	}
+	n := l.prefetch.count()
+	queued := int64(len(l.queue))
+	due := l.prefetch.settledWithin(l.readRTT)
+	if n < 2 || queued > due {
+		return
+	}
+	room := l.prefetch.room(queued) // what is queued counts against ReadAheadBytes too
+	total := min(max(due, n), maxAheadBatches*n, room)
+	var counts []int64
+	for asked := int64(0); asked < total; asked += counts[len(counts)-1] {
+		counts = append(counts, min(n, total-asked))
+	}
+	if len(counts) > 0 {
+		l.ahead = l.sendAsync(ctx, counts...)
+	}
+}
+
+// landAhead waits for the reads on their way, if any, and queues what they
 // brought. A failed Ack keeps its ids to be sent again; either failure is
-// returned, as a failed fetch is: entries the read may have taken are pending
-// for this consumer and come back with the drain that follows.
+// returned, as a failed fetch is: entries the reads may have taken are
+// pending for this consumer and come back with the drain that follows.
 func (l *groupLoop) landAhead() error {
-	if len(l.ahead) == 0 {
+	t := l.ahead
+	if t == nil {
 		return nil
 	}
-	r := l.ahead[0]
-	<-r.done
-	l.ahead = l.ahead[1:]
-	l.measureRead(time.Since(r.sent))
-	var ackErr error
-	if r.ack != nil {
-		n, err := r.ack.Result()
-		if err != nil {
-			l.acks.restore(r.acked)
-			ackErr = fmt.Errorf("acknowledging %d entries: %w", len(r.acked), err)
-		} else {
-			l.sub.stats.acked.Add(n)
-		}
-	}
+	<-t.done
+	l.ahead = nil
+	l.measureRead(time.Since(t.sent))
+	ackErr := l.landTripAcks(t)
 	holding := len(l.queue) > 0 || l.inFlight != ""
 	var got int64
 	var err error
-	for _, read := range r.reads {
+	for _, read := range t.reads {
 		streams, rerr := read.Result()
 		if rerr != nil && !errors.Is(rerr, redis.Nil) {
 			// The reads after it may have taken entries: they are pending
@@ -148,14 +153,14 @@ func (l *groupLoop) landAhead() error {
 		}
 		got += int64(l.enqueueNew(streams))
 	}
-	l.more = err == nil && got == r.asked
+	l.more = err == nil && got == t.asked
 	if got > 0 && !holding {
 		l.lease.start()
 	}
 	return errors.Join(ackErr, err)
 }
 
-// landWhileBusy lands the read on its way while the loop delivers; a
+// landWhileBusy lands the reads on their way while the loop delivers; a
 // failure waits to be handled as a failed fetch once the queue is empty.
 func (l *groupLoop) landWhileBusy() {
 	if err := l.landAhead(); err != nil {
@@ -163,20 +168,18 @@ func (l *groupLoop) landWhileBusy() {
 	}
 }
 
-// landAheadOnExit waits for the read on its way, if any, when the loop
-// ends: what it brought goes back (see flushOnExit), the Acks it failed to
-// send are sent again.
+// landAheadOnExit waits for the reads on their way, if any, when the loop
+// ends: what they brought goes back (see flushOnExit), the Acks that failed
+// are sent again.
 func (l *groupLoop) landAheadOnExit() {
-	for len(l.ahead) > 0 {
-		if err := l.landAhead(); err != nil {
-			l.sub.stats.faults.Add(1)
-			l.logger.Error("A read of new entries failed as the subscription ended; entries it may have taken come back to this consumer name or to a peer after ClaimMinIdle", err, nil)
-		}
+	if err := l.landAhead(); err != nil {
+		l.sub.stats.faults.Add(1)
+		l.logger.Error("A read of new entries failed as the subscription ended; entries it may have taken come back to this consumer name or to a peer after ClaimMinIdle", err, nil)
 	}
 }
 
 // measureRead records the round trip of a read that did not block, which
-// paces the reads sent ahead and the Acks (see ackBatch.pace).
+// paces the reads sent ahead.
 func (l *groupLoop) measureRead(d time.Duration) {
 	if l.readRTT == 0 {
 		l.readRTT = d
@@ -185,64 +188,35 @@ func (l *groupLoop) measureRead(d time.Duration) {
 	}
 }
 
-// ackSend is an XACK of held Acks sent while the loop delivers, so that
-// sending them does not hold up the next hand-over. Its goroutine only sends
-// it and closes done; the loop reads its result.
-type ackSend struct {
-	done chan struct{}
-	ids  []string
-	cmd  *redis.IntCmd
-}
-
-// sendAcks sends the held Acks without waiting for the reply (see landAcks).
-// While an XACK is on its way, Acks that come due wait for its reply.
+// sendAcks sends the held Acks without waiting for the reply (see
+// landAcks). While Acks are on their way, Acks that come due wait for
+// their reply.
 func (l *groupLoop) sendAcks(ctx context.Context) {
-	if l.sending != nil {
+	switch {
+	case l.sending != nil:
 		l.ackDue = true
-		return
+	case l.acks.len() > 0:
+		l.sending = l.sendAsync(ctx)
 	}
-	if l.acks.len() == 0 {
-		return
-	}
-	r := &ackSend{done: make(chan struct{}), ids: l.acks.take()}
-	l.sending = r
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), aheadTimeout)
-	go func() {
-		defer close(r.done)
-		defer cancel()
-		r.cmd = l.client.XAck(rctx, l.key, l.group, r.ids...)
-	}()
 }
 
-// sendingDone returns the channel that is closed when the XACK on its way
-// has its reply, or nil when there is none.
-func (l *groupLoop) sendingDone() <-chan struct{} {
-	if l.sending == nil {
-		return nil
-	}
-	return l.sending.done
-}
-
-// landAcks waits for the XACK on its way, if any. A failure keeps its ids,
-// to send again after a backoff; Acks that came due meanwhile are sent.
+// landAcks waits for the Acks on their way, if any. A failure keeps their
+// ids, to send again after a backoff; Acks that came due meanwhile are sent.
 func (l *groupLoop) landAcks() {
-	r := l.sending
-	if r == nil {
+	t := l.sending
+	if t == nil {
 		return
 	}
-	<-r.done
+	<-t.done
 	l.sending = nil
-	n, err := r.cmd.Result()
-	if err != nil {
-		l.acks.restore(r.ids)
+	if err := l.landTripAcks(t); err != nil {
+		l.ackDue = false
 		l.sub.stats.faults.Add(1)
 		if l.acks.faults == 1 {
 			l.logger.Error("Sending acks failed; keeping them to send again", err, nil)
 		}
-		l.ackDue = false
 		return
 	}
-	l.sub.stats.acked.Add(n)
 	if l.ackDue {
 		l.ackDue = false
 		l.acks.rearm()

@@ -274,22 +274,6 @@ end
 return (#ARGV - 2) / 2
 `)
 
-// delayMoveScript appends to the stream up to ARGV[1] delayed entries whose
-// due time has come by the server's clock, earliest first, removing each
-// from the sorted set in the same atomic step. It returns how many it moved.
-//
-// KEYS[1] sorted set of delayed entries, KEYS[2] stream.
-var delayMoveScript = redis.NewScript(decodeEntryLua + `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-for _, m in ipairs(due) do
-  redis.call('XADD', KEYS[2], '*', unpack(fields(m)))
-  redis.call('ZREM', KEYS[1], m)
-end
-return #due
-`)
-
 // delayedMoves moves the due delayed messages of every topic a Subscriber
 // subscribes to: one goroutine per Subscriber that, every
 // DelayedPollInterval, runs delayMoveScript for every subscribed stream in
@@ -425,11 +409,12 @@ func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, t
 	return again
 }
 
-// delayMoveManyScript is delayMoveScript for several streams in one call:
-// KEYS holds pairs (sorted set, stream). It returns, by pair, how many it
-// moved, or the error reply that stopped that pair's move (a string); the
-// other pairs go on.
-var delayMoveManyScript = redis.NewScript(decodeEntryLua + `
+// delayMoveScript appends to each stream up to ARGV[1] delayed entries
+// whose due time has come by the server's clock, earliest first, removing
+// each from its sorted set in the same atomic step. KEYS holds pairs (sorted
+// set, stream). It returns, by pair, how many it moved, or the error reply
+// that stopped that pair's move (a string); the other pairs go on.
+var delayMoveScript = redis.NewScript(decodeEntryLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
@@ -458,45 +443,34 @@ end
 return out
 `)
 
-// delayedMovesPerCall is the most streams one call of delayMoveManyScript
+// delayedMovesPerCall is the most streams one call of delayMoveScript
 // moves, so that one call never holds the server long.
 const delayedMovesPerCall = 200
 
 // runDelayedMoves moves the due messages of topics and returns, by topic,
 // how many it moved or why it failed. On a *redis.Client one script call
-// moves up to delayedMovesPerCall topics (delayMoveManyScript); on other
-// clients, whose keys may lie in different cluster slots, it runs
-// delayMoveScript once per topic. Either way every call goes in one
-// pipeline, sent again with the script's body (EVAL) if the server does not
-// have the script.
+// moves up to delayedMovesPerCall topics; on other clients, whose keys may
+// lie in different cluster slots, one call moves one topic. Either way every
+// call goes in one pipeline, sent again with the script's body (EVAL) if the
+// server does not have the script.
 func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
 	client := s.config.Client
-	_, single := client.(*redis.Client)
-	script := delayMoveScript
-	if single {
-		script = delayMoveManyScript
+	perCall := 1
+	if _, single := client.(*redis.Client); single {
+		perCall = delayedMovesPerCall
 	}
 	send := func(eval bool) ([]delayedMoveResult, bool) {
 		pipe := client.Pipeline()
-		call := func(keys []string) *redis.Cmd {
-			if eval {
-				return script.Eval(ctx, pipe, keys, delayedMoveBatch)
-			}
-			return script.EvalSha(ctx, pipe, keys, delayedMoveBatch)
-		}
 		var cmds []*redis.Cmd
-		if single {
-			for from := 0; from < len(topics); from += delayedMovesPerCall {
-				to := min(from+delayedMovesPerCall, len(topics))
-				keys := make([]string, 0, 2*(to-from))
-				for _, t := range topics[from:to] {
-					keys = append(keys, t.keys...)
-				}
-				cmds = append(cmds, call(keys))
+		for from := 0; from < len(topics); from += perCall {
+			keys := make([]string, 0, 2*perCall)
+			for _, t := range topics[from:min(from+perCall, len(topics))] {
+				keys = append(keys, t.keys...)
 			}
-		} else {
-			for _, t := range topics {
-				cmds = append(cmds, call(t.keys))
+			if eval {
+				cmds = append(cmds, delayMoveScript.Eval(ctx, pipe, keys, delayedMoveBatch))
+			} else {
+				cmds = append(cmds, delayMoveScript.EvalSha(ctx, pipe, keys, delayedMoveBatch))
 			}
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
@@ -506,13 +480,7 @@ func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic
 			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 				noScript = true
 			}
-			if !single {
-				n, err := c.Int()
-				out = append(out, delayedMoveResult{moved: n, err: err})
-				continue
-			}
-			n := min(delayedMovesPerCall, len(topics)-i*delayedMovesPerCall)
-			out = append(out, parseDelayedMoves(c, n)...)
+			out = append(out, parseDelayedMoves(c, min(perCall, len(topics)-i*perCall))...)
 		}
 		return out, noScript
 	}
@@ -531,7 +499,7 @@ type delayedMoveResult struct {
 	err   error
 }
 
-// parseDelayedMoves reads the reply of delayMoveManyScript for n topics.
+// parseDelayedMoves reads the reply of delayMoveScript for n topics.
 func parseDelayedMoves(c *redis.Cmd, n int) []delayedMoveResult {
 	out := make([]delayedMoveResult, n)
 	reply, err := c.Slice()

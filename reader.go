@@ -24,9 +24,7 @@ type blockingReader struct {
 func newBlockingReader(c redis.UniversalClient) blockingReader {
 	switch c := c.(type) {
 	case *redis.Client:
-		opt := *c.Options()
-		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
-		return blockingReader{client: redis.NewClient(&opt), own: true}
+		return blockingReader{client: redis.NewClient(oneConnection(c.Options())), own: true}
 	case *redis.ClusterClient:
 		opt := *c.Options()
 		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
@@ -55,4 +53,12 @@ func (r blockingReader) interruptOn(ctx context.Context) (closeNow func()) {
 		}
 		<-done
 	}
+}
+
+// oneConnection returns a copy of opt for a client of one connection: a
+// reader that holds it in blocking reads, made from the user's options.
+func oneConnection(opt *redis.Options) *redis.Options {
+	o := *opt
+	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
+	return &o
 }

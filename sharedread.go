@@ -166,8 +166,7 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
-	opt := *user.Options()
-	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
+	opt := oneConnection(user.Options())
 	userOnConnect := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userOnConnect != nil {
@@ -184,7 +183,7 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 		r.mu.Unlock()
 		return nil
 	}
-	r.client = redis.NewClient(&opt)
+	r.client = redis.NewClient(opt)
 	err := r.client.Ping(ctx).Err()
 	if err == nil {
 		err = user.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err()

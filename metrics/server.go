@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
 // sampler samples streams and groups on the server, at most once per
@@ -110,7 +112,7 @@ func (s *sampler) sample(targets map[target]bool) {
 	if serverInfo != nil {
 		if text, err := serverInfo.Result(); err == nil {
 			s.lagReported = 1
-			if serverMajor(text) < 7 {
+			if !serverinfo.ReportsLag(text) {
 				s.lagReported = -1
 			}
 		}
@@ -179,15 +181,4 @@ func idTime(id string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMilli(n), true
-}
-
-// serverMajor returns the major version in an INFO server reply, or 0.
-func serverMajor(info string) int {
-	_, rest, found := strings.Cut(info, "redis_version:")
-	if !found {
-		return 0
-	}
-	major, _, _ := strings.Cut(rest, ".")
-	n, _ := strconv.Atoi(strings.TrimSpace(major))
-	return n
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
 var groupCommand = &command{
@@ -93,21 +94,10 @@ func (e *env) groups(ctx context.Context, stream string) ([]redis.XInfoGroup, er
 func (e *env) reportsLag(ctx context.Context) bool {
 	if e.lagKnown == nil {
 		info, err := e.client.Info(ctx, "server").Result()
-		known := err != nil || serverMajor(info) >= 7 // on doubt, trust the reply
+		known := err != nil || serverinfo.ReportsLag(info) // on doubt, trust the reply
 		e.lagKnown = &known
 	}
 	return *e.lagKnown
-}
-
-// serverMajor returns the major version in an INFO server reply, or 0.
-func serverMajor(info string) int {
-	_, rest, found := strings.Cut(info, "redis_version:")
-	if !found {
-		return 0
-	}
-	major, _, _ := strings.Cut(rest, ".")
-	n, _ := strconv.Atoi(strings.TrimSpace(major))
-	return n
 }
 
 func listGroups(ctx context.Context, e *env, stream string) error {

@@ -107,13 +107,16 @@ func (t *asyncTrip) doneChan() <-chan struct{} {
 // what prefetch allows as cover what the handler settles in a round trip (at
 // least one, at most maxAheadBatches), within ReadAheadBytes.
 func (l *groupLoop) readAhead(ctx context.Context) {
-	if l.ahead != nil || !l.more || l.readRTT <= 0 || l.plan.next(time.Now()) != stepRead {
+	if l.ahead != nil || !l.more || l.readRTT <= 0 {
 		return
 	}
-	n := l.prefetch.count()
 	queued := int64(len(l.queue))
 	due := l.prefetch.settledWithin(l.readRTT)
-	if n < 2 || queued > due {
+	if queued > due {
+		return // the common case under load: checked before the rest
+	}
+	n := l.prefetch.count()
+	if n < 2 || l.plan.next(time.Now()) != stepRead {
 		return
 	}
 	room := l.prefetch.room(queued) // what is queued counts against ReadAheadBytes too

@@ -76,8 +76,9 @@ func (b *ackBatch) due() <-chan time.Time {
 }
 
 // send queues the XACK of the held ids on c: a client sends it at once, a
-// pipeline with its other commands. Every Ack the loop sends goes through
-// here, and its result through settle.
+// pipeline with its other commands. Every Ack the loop waits for goes
+// through here, and its result through settle; one it does not wait for
+// goes through sendTaken and settleTaken.
 func (b *ackBatch) send(ctx context.Context, c redis.Cmdable, key, group string) *redis.IntCmd {
 	return c.XAck(ctx, key, group, b.ids...)
 }
@@ -103,20 +104,34 @@ func (b *ackBatch) rearm() {
 	}
 }
 
-// take removes the held ids and returns them, for a send that settles
-// later (see restore): Acks made meanwhile start a new batch.
-func (b *ackBatch) take() []string {
+// sendTaken queues the XACK of the held ids on pipe and removes them from
+// the batch, for a round trip whose reply comes later (see settleTaken):
+// Acks made meanwhile start a new batch. It returns the ids, and a nil
+// command when there were none.
+func (b *ackBatch) sendTaken(ctx context.Context, pipe redis.Pipeliner, key, group string) ([]string, *redis.IntCmd) {
+	if len(b.ids) == 0 {
+		return nil, nil
+	}
 	ids := b.ids
 	b.ids = nil
 	b.timer.Stop()
-	return ids
+	return ids, pipe.XAck(ctx, key, group, ids...)
 }
 
-// restore puts back, ahead of the ones held now, ids that take returned and
-// whose send failed, and marks the failure (see failed).
-func (b *ackBatch) restore(ids []string) {
-	b.ids = append(ids, b.ids...)
-	b.failed()
+// settleTaken reads the result of sendTaken: on success it returns how many
+// entries the server acknowledged; on failure it puts ids back, ahead of
+// the ones held now, marks the failure (see failed) and returns the error.
+func (b *ackBatch) settleTaken(ids []string, cmd *redis.IntCmd) (int64, error) {
+	if cmd == nil {
+		return 0, nil
+	}
+	n, err := cmd.Result()
+	if err != nil {
+		b.ids = append(ids, b.ids...)
+		b.failed()
+		return 0, fmt.Errorf("acknowledging %d entries: %w", len(ids), err)
+	}
+	return n, nil
 }
 
 // failed records a failed send made while the loop is busy (see settle): the

@@ -1,6 +1,7 @@
 package valkeystream
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -100,23 +101,37 @@ func TestAckBatchWaitFollowsTheHandler(t *testing.T) {
 	}
 }
 
-func TestAckBatchTakeAndRestore(t *testing.T) {
+func TestAckBatchSendTakenAndSettleTaken(t *testing.T) {
 	b := newAckBatch(time.Hour)
 	b.add("1-0")
 	b.add("2-0")
-	taken := b.take()
+	// Queued on a pipeline that is never sent: only the batch is under test.
+	pipe := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}).Pipeline()
+	taken, cmd := b.sendTaken(context.Background(), pipe, "s", "g")
+	if !slices.Equal(taken, []string{"1-0", "2-0"}) || cmd == nil {
+		t.Fatalf("sendTaken: %v, %v; want both ids and their XACK", taken, cmd)
+	}
 	if b.len() != 0 || b.due() != nil {
-		t.Fatalf("after take: len %d, due %v; want an empty batch with nothing due", b.len(), b.due())
+		t.Fatalf("after sendTaken: len %d, due %v; want an empty batch with nothing due", b.len(), b.due())
 	}
 	b.add("3-0") // made while the taken ones are on their way
-	b.restore(taken)
+	cmd.SetErr(errors.New("connection reset"))
+	if _, err := b.settleTaken(taken, cmd); err == nil {
+		t.Fatal("settleTaken of a failed XACK returned no error")
+	}
 	if got := b.ids; !slices.Equal(got, []string{"1-0", "2-0", "3-0"}) {
-		t.Fatalf("after restore: %v, want the taken ids ahead of the new one", got)
+		t.Fatalf("after a failed send: %v, want the taken ids ahead of the new one", got)
 	}
 	if b.faults != 1 {
-		t.Fatalf("restore counted %d failures, want 1", b.faults)
+		t.Fatalf("a failed send counted %d failures, want 1", b.faults)
 	}
 	if !fired(b.due(), 10*time.Second) {
 		t.Fatal("restored ids never came due again")
+	}
+	if ids, cmd := b.sendTaken(context.Background(), pipe, "s", "g"); len(ids) != 3 || cmd == nil {
+		t.Fatalf("second sendTaken: %v; want the three ids", ids)
+	}
+	if ids, cmd := b.sendTaken(context.Background(), pipe, "s", "g"); ids != nil || cmd != nil {
+		t.Fatal("sendTaken of an empty batch queued an XACK")
 	}
 }

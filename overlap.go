@@ -55,12 +55,10 @@ const asyncTimeout = 30 * time.Second
 // end even when the subscription ends, so that the entries it took are known
 // and handed back, and the Acks' outcome known.
 func (l *groupLoop) sendAsync(ctx context.Context, counts ...int64) *asyncTrip {
-	t := &asyncTrip{done: make(chan struct{}), acked: l.acks.take(), sent: time.Now()}
+	t := &asyncTrip{done: make(chan struct{}), sent: time.Now()}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncTimeout)
 	pipe := l.client.Pipeline()
-	if len(t.acked) > 0 {
-		t.ack = pipe.XAck(rctx, l.key, l.group, t.acked...)
-	}
+	t.acked, t.ack = l.acks.sendTaken(rctx, pipe, l.key, l.group)
 	for _, n := range counts {
 		args := l.readArgs(-1)
 		args.Count = n
@@ -78,16 +76,9 @@ func (l *groupLoop) sendAsync(ctx context.Context, counts ...int64) *asyncTrip {
 // landTripAcks reads the outcome of t's Acks: a failure keeps their ids, to be
 // sent again after a backoff, and is returned.
 func (l *groupLoop) landTripAcks(t *asyncTrip) error {
-	if t.ack == nil {
-		return nil
-	}
-	n, err := t.ack.Result()
-	if err != nil {
-		l.acks.restore(t.acked)
-		return fmt.Errorf("acknowledging %d entries: %w", len(t.acked), err)
-	}
+	n, err := l.acks.settleTaken(t.acked, t.ack)
 	l.sub.stats.acked.Add(n)
-	return nil
+	return err
 }
 
 // doneChan returns the channel that is closed when t has its reply, or nil when

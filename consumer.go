@@ -277,6 +277,12 @@ func (l *groupLoop) claim(ctx context.Context) error {
 // at once; only when that finds nothing does a blocking read follow.
 func (l *groupLoop) readNew(ctx context.Context) error {
 	l.more = false
+	if l.shared != nil && l.shared.covers(l.key) {
+		// Its shared reader reads this stream already (sharedread.go): the
+		// Acks go on their own, and the wait takes what it parked.
+		l.sendAcks(ctx)
+		return l.readShared(ctx)
+	}
 	if l.acks.len() > 0 {
 		args := l.readArgs(-1)
 		pipe := l.client.Pipeline()

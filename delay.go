@@ -450,44 +450,66 @@ const delayedMovesPerCall = 200
 // runDelayedMoves moves the due messages of topics and returns, by topic,
 // how many it moved or why it failed. On a *redis.Client one script call
 // moves up to delayedMovesPerCall topics; on other clients, whose keys may
-// lie in different cluster slots, one call moves one topic. Either way every
-// call goes in one pipeline, sent again with the script's body (EVAL) if the
-// server does not have the script.
+// lie in different cluster slots, one call moves one topic. Most topics
+// have no delayed messages, and the script costs the server several
+// microseconds per topic even then: so one pipeline first asks, with one
+// EXISTS per call, which calls have a sorted set at all, and a second one
+// runs the script for those only (sent again with the script's body, EVAL,
+// if the server does not have it). A failed EXISTS runs the script, which
+// reports the failure.
 func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
 	client := s.config.Client
 	perCall := 1
 	if _, single := client.(*redis.Client); single {
 		perCall = delayedMovesPerCall
 	}
-	send := func(eval bool) ([]delayedMoveResult, bool) {
+	var calls [][]*delayedTopic
+	for from := 0; from < len(topics); from += perCall {
+		calls = append(calls, topics[from:min(from+perCall, len(topics))])
+	}
+	pipe := client.Pipeline()
+	exists := make([]*redis.IntCmd, len(calls))
+	for i, call := range calls {
+		keys := make([]string, len(call))
+		for j, t := range call {
+			keys[j] = t.keys[0]
+		}
+		exists[i] = pipe.Exists(ctx, keys...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	var todo []int        // the calls to run
+	for i, c := range exists {
+		if n, err := c.Result(); err != nil || n > 0 {
+			todo = append(todo, i)
+		}
+	}
+	out := make([]delayedMoveResult, len(topics))
+	send := func(eval bool) (noScript bool) {
 		pipe := client.Pipeline()
-		var cmds []*redis.Cmd
-		for from := 0; from < len(topics); from += perCall {
-			keys := make([]string, 0, 2*perCall)
-			for _, t := range topics[from:min(from+perCall, len(topics))] {
+		cmds := make([]*redis.Cmd, len(todo))
+		for i, c := range todo {
+			keys := make([]string, 0, 2*len(calls[c]))
+			for _, t := range calls[c] {
 				keys = append(keys, t.keys...)
 			}
 			if eval {
-				cmds = append(cmds, delayMoveScript.Eval(ctx, pipe, keys, delayedMoveBatch))
+				cmds[i] = delayMoveScript.Eval(ctx, pipe, keys, delayedMoveBatch)
 			} else {
-				cmds = append(cmds, delayMoveScript.EvalSha(ctx, pipe, keys, delayedMoveBatch))
+				cmds[i] = delayMoveScript.EvalSha(ctx, pipe, keys, delayedMoveBatch)
 			}
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
-		out := make([]delayedMoveResult, 0, len(topics))
-		noScript := false
-		for i, c := range cmds {
-			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		for i, c := range todo {
+			if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
 				noScript = true
 			}
-			out = append(out, parseDelayedMoves(c, min(perCall, len(topics)-i*perCall))...)
+			copy(out[c*perCall:], parseDelayedMoves(cmds[i], len(calls[c])))
 		}
-		return out, noScript
+		return noScript
 	}
-	out, noScript := send(false)
-	if noScript {
+	if len(todo) > 0 && send(false) {
 		// EVAL loads it, with no permission beyond the one to run it.
-		out, _ = send(true)
+		send(true)
 	}
 	return out
 }

@@ -35,11 +35,28 @@ import (
 //
 // A subscription that holds nothing waits until its next claim beat (at
 // least BlockTime; for ever with NoReclaim), since nothing else needs its
-// loop meanwhile, and ends its wait at once when its context ends. Entries that a read brought
-// for a stream whose subscription stopped waiting meanwhile are parked for
-// its next wait (which checks that they are still its own before it queues
-// them); if the subscription has ended, they are handed back (XCLAIM ...
-// IDLE <large> JUSTID), so that a peer takes them at its next claim beat.
+// loop meanwhile, and ends its wait at once when its context ends.
+//
+// A subscription that a read gave fewer entries than it asked for stays
+// covered: the reads that follow go on reading its stream while it handles
+// what it got, and park what they bring for its next wait. So a quiet topic
+// costs one shared read per message: without it, every message took three
+// (the one that brought it, one without its stream, one with it again after
+// an interrupt) and an interrupt, and a read of many streams is the dearest
+// command here (the server walks every stream of it). A covered subscription
+// never reads new entries on its own: two reads of one stream in flight at
+// once may reach the server in either order, and the later one would then
+// bring the earlier entries. A full read (more may wait) uncovers it, and it
+// reads on its own until a read finds nothing, as any busy subscription
+// does; only one batch is ever parked (a stream with parked entries is left
+// out of the reads until they are taken), so a covered subscription holds
+// no more than one read ahead.
+//
+// Parked entries are this consumer's, and no peer reclaims them before they
+// have been idle for ClaimMinIdle: the wait that takes them checks that they
+// are still its own only when they have waited that long. If the
+// subscription has ended, they are handed back (XCLAIM ... IDLE <large>
+// JUSTID), so that a peer takes them at its next claim beat.
 //
 // Only a *redis.Client (a failover client included) shares reads: in a
 // cluster the keys of one XREADGROUP must share a slot, so a cluster
@@ -51,7 +68,7 @@ import (
 // parses and blocks on every key of a read each time it is sent, which is
 // once or twice per message delivered, so the work of one message grows with
 // this; more subscriptions take more readers (and connections).
-const sharedReadStreams = 128
+const sharedReadStreams = 64
 
 // unblockRetryMax bounds the pause between two tries of an interrupt whose
 // read has not reached the server yet.
@@ -79,8 +96,7 @@ type sharedReader struct {
 	members     map[string]*sharedMember
 	ending      bool // no members left: end after the read in flight
 	reading     bool // a read is in flight
-	readSeq     uint64
-	readKeys    map[string]bool // streams of the read in flight
+	readSeq     uint64 // of the read in flight, or of the last one
 	readCount   int64
 	interrupted bool   // an interrupt was asked for the read in flight
 	interruptOf uint64 // readSeq of the read the last interrupt is for
@@ -88,17 +104,27 @@ type sharedReader struct {
 	wake chan struct{} // tells the read loop that something changed
 	kick chan struct{} // asks the interrupter to interrupt the read in flight
 	done chan struct{} // closed when the read loop ends
+
+	// Owned by the read loop, reused by every read: a read is sent once or
+	// twice per message delivered.
+	keys []string
+	args []any
 }
 
 // sharedMember is one subscription of a shared reader.
 type sharedMember struct {
-	count  int64                 // prefetch count of the wait
-	got    chan sharedReadResult // of the wait in progress; nil when not waiting
-	parked []redis.XMessage      // read while not waiting, for the next wait
+	key      any                   // the stream key, as a command argument
+	inRead   uint64                // readSeq of the last read of its stream
+	count    int64                 // prefetch count of the last wait
+	got      chan sharedReadResult // of the wait in progress; nil when not waiting
+	covered  bool                  // read while not waiting (see above)
+	parked   []redis.XMessage      // read while not waiting, for the next wait
+	parkedAt time.Time             // when the first of parked was read
 }
 
 type sharedReadResult struct {
 	msgs []redis.XMessage
+	full bool // the read brought all it asked for: more may wait
 	err  error
 }
 
@@ -167,6 +193,16 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 		done:     make(chan struct{}),
 	}
 	opt := oneConnection(user.Options())
+	// Its reads block up to BlockTime: their replies may take that long and
+	// more, as go-redis allows its own blocking reads. (An initialised
+	// ReadTimeout of 0 is none, which -1 keeps when the options are
+	// initialised again.)
+	switch {
+	case opt.ReadTimeout == 0:
+		opt.ReadTimeout = -1
+	case opt.ReadTimeout > 0:
+		opt.ReadTimeout = max(opt.ReadTimeout, s.config.BlockTime+10*time.Second)
+	}
 	userOnConnect := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userOnConnect != nil {
@@ -208,7 +244,7 @@ func (r *sharedReader) join(key string) bool {
 	if r.ending || len(r.members) >= sharedReadStreams {
 		return false
 	}
-	r.members[key] = &sharedMember{}
+	r.members[key] = &sharedMember{key: key}
 	return true
 }
 
@@ -248,21 +284,37 @@ func (r *sharedReader) leave(key string) []string {
 	return ids
 }
 
+// covers reports whether the reads of r cover key while its subscription
+// does not wait: it must not read new entries on its own then.
+func (r *sharedReader) covers(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.members[key]
+	return m != nil && m.covered
+}
+
+// sharedWait is what a wait brought.
+type sharedWait struct {
+	msgs  []redis.XMessage
+	full  bool      // more may wait
+	since time.Time // for parked entries: when they were read; zero otherwise
+}
+
 // wait waits up to d (for ever when d is negative), or until ctx ends, for
 // new entries of key, at most count of them. Entries parked for key are
-// returned at once, with parked set: they were read while the subscription
-// did not wait, so they may have been reclaimed by a peer since.
-func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time.Duration) (msgs []redis.XMessage, parked bool, err error) {
+// returned at once, with the time they were read.
+func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time.Duration) (sharedWait, error) {
 	r.mu.Lock()
 	m := r.members[key]
 	if len(m.parked) > 0 {
-		msgs, m.parked = m.parked, nil
+		w := sharedWait{msgs: m.parked, full: !m.covered, since: m.parkedAt}
+		m.parked = nil
 		r.mu.Unlock()
-		return msgs, true, nil
+		return w, nil
 	}
 	got := make(chan sharedReadResult, 1)
 	m.got, m.count = got, count
-	if r.reading && (!r.readKeys[key] || count < r.readCount) {
+	if r.reading && (m.inRead != r.readSeq || count < r.readCount) {
 		r.interruptLocked(false)
 	}
 	signal(r.wake)
@@ -276,22 +328,27 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time
 	}
 	select {
 	case res := <-got:
-		return res.msgs, false, res.err
+		return sharedWait{msgs: res.msgs, full: res.full}, res.err
 	case <-timeout:
 	case <-ctx.Done():
 	}
 	r.mu.Lock()
 	if m.got == got {
 		m.got = nil // still waiting: nothing came
+		if r.reading && m.inRead == r.readSeq {
+			// The read in flight may yet bring entries of key: it parks
+			// them, and the subscription may not read on its own before.
+			m.covered = true
+		}
 	}
 	r.mu.Unlock()
 	select {
 	case res := <-got:
 		// It came while the wait ended: the loop queues it (and, when it
 		// ends, hands it back).
-		return res.msgs, false, res.err
+		return sharedWait{msgs: res.msgs, full: res.full}, res.err
 	default:
-		return nil, false, nil
+		return sharedWait{}, nil
 	}
 }
 
@@ -321,13 +378,7 @@ func (r *sharedReader) readLoop() {
 	defer func() { _ = r.client.Close() }()
 	for {
 		r.mu.Lock()
-		var keys []string
-		var count int64
-		for !r.ending {
-			keys, count = r.waitingLocked()
-			if len(keys) > 0 {
-				break
-			}
+		for !r.ending && !r.nextReadLocked() {
 			r.mu.Unlock()
 			<-r.wake
 			r.mu.Lock()
@@ -337,43 +388,50 @@ func (r *sharedReader) readLoop() {
 			return
 		}
 		r.reading, r.interrupted = true, false
-		r.readSeq++
-		r.readKeys = make(map[string]bool, len(keys))
-		for _, k := range keys {
-			r.readKeys[k] = true
-		}
-		r.readCount = count
 		r.mu.Unlock()
 
-		streams := make([]string, 0, 2*len(keys))
-		streams = append(streams, keys...)
-		for range keys {
-			streams = append(streams, ">")
-		}
 		// Never cancelled: it ends within BlockTime, or at once by an
 		// interrupt, and its reply is always read.
-		res, err := r.client.XReadGroup(context.Background(), &redis.XReadGroupArgs{
-			Group: r.group, Consumer: r.consumer, Streams: streams, Count: count, Block: r.block,
-		}).Result()
-		r.handOut(keys, res, err)
+		cmd := redis.NewXStreamSliceCmd(context.Background(), r.args...)
+		_ = r.client.Process(context.Background(), cmd)
+		res, err := cmd.Result()
+		r.handOut(r.keys, res, err)
 	}
 }
 
-// waitingLocked returns the streams of the waiting members and the smallest
-// count they wait for. r.mu is held.
-func (r *sharedReader) waitingLocked() ([]string, int64) {
-	var keys []string
+// streamsFrom is the argument that asks XREADGROUP for new entries.
+var streamsFrom any = ">"
+
+// nextReadLocked prepares the next read, of the streams of the waiting
+// members and of the covered ones with nothing parked, asking for the
+// smallest count they asked for, and reports whether there is any. r.mu is
+// held.
+func (r *sharedReader) nextReadLocked() bool {
+	r.keys = r.keys[:0]
+	r.args = append(r.args[:0], "XREADGROUP", "GROUP", r.group, r.consumer, "COUNT", nil,
+		"BLOCK", r.block.Milliseconds(), "STREAMS")
 	var count int64
+	seq := r.readSeq + 1
 	for k, m := range r.members {
-		if m.got == nil {
+		if m.got == nil && (!m.covered || len(m.parked) > 0) {
 			continue
 		}
-		keys = append(keys, k)
+		r.keys = append(r.keys, k)
+		r.args = append(r.args, m.key)
+		m.inRead = seq
 		if count == 0 || m.count < count {
 			count = m.count
 		}
 	}
-	return keys, max(count, 1)
+	if len(r.keys) == 0 {
+		return false
+	}
+	for range r.keys {
+		r.args = append(r.args, streamsFrom)
+	}
+	r.readSeq, r.readCount = seq, max(count, 1)
+	r.args[5] = r.readCount
+	return true
 }
 
 // handOut gives each waiting member what the read of keys brought (or its
@@ -384,6 +442,7 @@ func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
 		err = nil
 	}
 	var back map[string][]string
+	now := time.Now()
 	r.mu.Lock()
 	r.reading = false
 	if err != nil {
@@ -399,20 +458,26 @@ func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
 			continue
 		}
 		m := r.members[s.Stream]
-		switch {
-		case m == nil:
+		if m == nil {
 			if back == nil {
 				back = map[string][]string{}
 			}
 			for _, e := range s.Messages {
 				back[s.Stream] = append(back[s.Stream], e.ID)
 			}
-		case m.got != nil:
-			m.got <- sharedReadResult{msgs: s.Messages}
-			m.got = nil
-		default:
-			m.parked = append(m.parked, s.Messages...)
+			continue
 		}
+		full := int64(len(s.Messages)) >= r.readCount
+		m.covered = !full // a full read: the subscription reads on its own, see above
+		if m.got != nil {
+			m.got <- sharedReadResult{msgs: s.Messages, full: full}
+			m.got = nil
+			continue
+		}
+		if len(m.parked) == 0 {
+			m.parkedAt = now
+		}
+		m.parked = append(m.parked, s.Messages...)
 	}
 	r.mu.Unlock()
 	if len(back) > 0 {
@@ -481,22 +546,20 @@ func (r *sharedReader) interrupter() {
 // readShared waits for new entries with the loop's shared reader and
 // queues them.
 func (l *groupLoop) readShared(ctx context.Context) error {
-	count := l.prefetch.count()
-	msgs, parked, err := l.shared.wait(ctx, l.key, count, l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
+	w, err := l.shared.wait(ctx, l.key, l.prefetch.count(), l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
-	if parked {
-		// Read while the loop did not wait, and held by nobody meanwhile:
-		// check that they are still this consumer's, with their counts.
-		if _, err := l.enqueueWithCounts(ctx, msgs); err != nil {
+	l.more = w.full
+	if !w.since.IsZero() && time.Since(w.since) >= l.cfg.ClaimMinIdle/2 {
+		// Parked long enough that a peer may have reclaimed them: check
+		// that they are still this consumer's, with their counts.
+		if _, err := l.enqueueWithCounts(ctx, w.msgs); err != nil {
 			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
 		}
 		return nil
 	}
-	// A shared read may ask for fewer than count (the least any waiting
-	// subscription asks for): more may wait only if this one got count.
-	l.more = int64(l.enqueueNew([]redis.XStream{{Stream: l.key, Messages: msgs}})) == count
+	l.enqueueNew([]redis.XStream{{Stream: l.key, Messages: w.msgs}})
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -22,6 +23,22 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// writeAllocProfile writes the profile of every allocation since the
+// process started to path; a failure is reported on progress, since the
+// run's figures stand without it.
+func writeAllocProfile(path string, progress io.Writer) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(progress, "warning: writing the allocation profile: %v\n", err)
+	}
 }
 
 // waitForGoroutines waits until no more than want goroutines run, and

@@ -57,6 +57,7 @@ type config struct {
 	sides      string
 	stall      time.Duration
 	cpuProfile string
+	memProfile string
 
 	delays []time.Duration // added to the server's replies; 0 is loopback
 	// at delays above 0: payload sizes (nil: sizes) and the most messages
@@ -101,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.sides, "sides", "", "run only these sides, comma-separated (default: all): "+strings.Join(chartSides, ", "))
 	fs.DurationVar(&cfg.stall, "stall", 30*time.Second, "fail a consume run when no message succeeded for this long")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&cfg.memProfile, "memprofile", "", "write a profile of the allocations of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 	fs.StringVar(&delays, "delays", "0", "network distances: delays added to the server's replies by a proxy, comma-separated (e.g. 0,1ms,2ms); 0 is plain loopback. Every scenario runs at each; the report gives each figure with the round trip measured there (median of 101 PINGs)")
 	fs.StringVar(&distanceSizes, "distance-sizes", "", "payload sizes of the publish and consume scenarios at delays above 0 (default: -sizes)")
 	fs.IntVar(&cfg.distanceMessages, "distance-messages", 0, "at delays above 0, at most this many messages per publish or consume run (default: as at loopback); a side that pays a round trip per message takes minutes per run at a few milliseconds")
@@ -289,6 +291,9 @@ func run(args []string) error {
 			return err
 		}
 		defer stop()
+	}
+	if cfg.memProfile != "" {
+		defer writeAllocProfile(cfg.memProfile, b.progress)
 	}
 	goroutines := runtime.NumGoroutine()
 	if err := b.runAll(ctx, picked); err != nil {

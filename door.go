@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -12,22 +13,67 @@ import (
 // where BUSYGROUP is success and every other reply an error.
 func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 	err := s.config.Client.XGroupCreateMkStream(ctx, key, s.config.ConsumerGroup, s.config.Start.id()).Err()
+	return doorError(key, s.config.ConsumerGroup, err)
+}
+
+// openSubscription starts a group subscription to key in one round trip:
+// one pipeline runs the group door, both server-side scripts of the loop
+// with arguments that change nothing (so that a client that may not run
+// scripts fails here rather than at its first Nack, and so that the server
+// has them cached: EVAL with the body, which needs no second round trip
+// when the server does not know them yet), and takes the lease on the base
+// consumer name if it is free. When another subscription holds that name,
+// takeName goes on from there (see identity.go). At a distance from the
+// server the round trips of Subscribe are its time, and a router subscribes
+// one handler after another.
+func (s *Subscriber) openSubscription(ctx context.Context, key string, logger watermill.LoggerAdapter) (*nameLease, error) {
+	group, consumer := s.config.ConsumerGroup, s.config.Consumer
+	lease := s.newLease(key, slotName(consumer, 1))
+	// Known before the lease is asked for (see takeSlot).
+	addLiveToken(lease.token)
+	pipe := s.config.Client.Pipeline()
+	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
+	renew := renewScript.Eval(ctx, pipe, []string{key}, group, consumer)
+	claimBack := claimBackScript.Eval(ctx, pipe, []string{key}, group, consumer, "0-1", 0)
+	take := leaseTakeScript.Eval(ctx, pipe, []string{lease.key}, lease.token, lease.ttl.Milliseconds())
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	_, _, taken, leaseErr := parseLeaseTake(take)
+	if !taken {
+		dropLiveToken(lease.token)
+	}
+	err := doorError(key, group, door.Err())
+	if err == nil {
+		err = scriptsError(key, group, errors.Join(renew.Err(), claimBack.Err()))
+	}
+	if err == nil && leaseErr != nil {
+		err = s.leaseError(key, lease.name, leaseErr)
+	}
+	if err != nil {
+		if taken {
+			lease.logger = logger
+			close(lease.stopped) // no keeper ran
+			lease.release()
+		}
+		return nil, err
+	}
+	if taken {
+		return lease, nil
+	}
+	return s.takeName(ctx, key, logger)
+}
+
+// doorError is nil for the door's success (BUSYGROUP included), else the
+// *GroupCreateError for err.
+func doorError(key, group string, err error) error {
 	if err == nil || redis.HasErrorPrefix(err, "BUSYGROUP") {
 		return nil
 	}
-	return &GroupCreateError{Key: key, Group: s.config.ConsumerGroup, Err: err}
+	return &GroupCreateError{Key: key, Group: group, Err: err}
 }
 
-// checkScripts runs both server-side scripts of the loop once, with
-// arguments that change nothing, so that a client that may not run scripts
-// fails at Subscribe rather than at its first Nack, and so that the server
-// has them cached.
-func (s *Subscriber) checkScripts(ctx context.Context, key string) error {
-	group, consumer := s.config.ConsumerGroup, s.config.Consumer
-	err := renewScript.Run(ctx, s.config.Client, []string{key}, group, consumer).Err()
-	if err == nil {
-		err = claimBackScript.Run(ctx, s.config.Client, []string{key}, group, consumer, "0-1", 0).Err()
-	}
+// scriptsError says what a failure of the script check means; a nil reply
+// is the scripts' success.
+func scriptsError(key, group string, err error) error {
 	if err == nil || errors.Is(err, redis.Nil) {
 		return nil
 	}

@@ -135,13 +135,17 @@ func TestSubscribeFailsWhenTheScriptCheckGetsNoReply(t *testing.T) {
 	lost := errors.New("connection lost")
 	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			if isScript(cmd) {
-				cmd.SetErr(lost)
-				return lost
+	// The door's reply comes; the scripts' replies are lost.
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			err := next(ctx, cmds)
+			for _, cmd := range cmds {
+				if isScript(cmd) {
+					cmd.SetErr(lost)
+					err = lost
+				}
 			}
-			return next(ctx, cmd)
+			return err
 		}
 	}))
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
@@ -185,4 +189,58 @@ func TestGroupDoorRefusesWithoutPermission(t *testing.T) {
 	assert.ErrorContains(t, err, "NOPERM")
 	assert.ErrorContains(t, err, e.topic)
 	require.NoError(t, sub.Close())
+}
+
+func TestSubscribeStartsInOneRoundTrip(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	var mu sync.Mutex
+	var trips [][]string // the commands of each round trip, in order
+	client := newClient(t, e.srv)
+	record := func(cmds ...redis.Cmder) {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+		}
+		mu.Lock()
+		trips = append(trips, names)
+		mu.Unlock()
+	}
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			record(cmd)
+			return next(ctx, cmd)
+		}
+	}))
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			record(cmds...)
+			return next(ctx, cmds)
+		}
+	}))
+	sub := e.subscriber("g", "c", onClient(client))
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	// At a distance from the server each round trip of Subscribe is its
+	// time: the door, the script check and the lease go in one.
+	require.NotEmpty(t, trips)
+	assert.Equal(t, []string{"xgroup", "eval", "eval", "eval"}, trips[0])
+}
+
+func TestAFailedDoorReleasesTheLeaseItTook(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.client.Set(ctx, e.topic, "not a stream", 0).Err())
+	sub := e.subscriber("g", "c")
+	_, err := sub.Subscribe(ctx, e.topic)
+	var doorErr *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &doorErr)
+	// The lease went in the door's round trip; a failed start gives it back
+	// at once, so a Subscribe that follows the fix gets the name.
+	keys, err := e.client.Keys(ctx, e.topic+":lease:*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "leases left behind")
 }

@@ -267,6 +267,17 @@ func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return next
 }
 
+// pipelineHook is a redis.Hook that wraps pipelines (Subscribe sends its
+// door, script check and lease in one) and lets dials and single commands
+// through.
+type pipelineHook func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook
+
+func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return h(next)
+}
+
 // isScript reports whether cmd runs a server-side script (EVALSHA, EVAL).
 func isScript(cmd redis.Cmder) bool {
 	return cmd.Name() == "evalsha" || cmd.Name() == "eval"

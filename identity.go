@@ -177,14 +177,8 @@ func (s *Subscriber) takeName(ctx context.Context, stream string, logger watermi
 	for slot := 1; ; slot++ {
 		name := slotName(s.config.Consumer, slot)
 		lease, err := s.takeSlot(ctx, stream, name, logger)
-		var reply redis.Error
-		if errors.As(err, &reply) {
-			return nil, fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused the lease on consumer name %q; allow GET, SET, PTTL, PEXPIRE and DEL on %q for this client (see the permissions in docs/design.md): %w",
-				stream, s.config.ConsumerGroup, name, leaseKey(stream, s.config.ConsumerGroup, name), err)
-		}
 		if err != nil {
-			return nil, fmt.Errorf("valkeystream: subscribing to stream %q with group %q: taking the lease on consumer name %q: %w",
-				stream, s.config.ConsumerGroup, name, err)
+			return nil, s.leaseError(stream, name, err)
 		}
 		if lease != nil {
 			return lease, nil
@@ -192,18 +186,34 @@ func (s *Subscriber) takeName(ctx context.Context, stream string, logger watermi
 	}
 }
 
-// takeSlot takes the lease on name, waiting for it while its holder is not
-// proven alive, or returns nil when a live subscription holds it.
-func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger watermill.LoggerAdapter) (*nameLease, error) {
-	ttl := s.config.ConsumerLeaseTTL
-	lease := &nameLease{
+// leaseError says what a failure to take the lease on name means.
+func (s *Subscriber) leaseError(stream, name string, err error) error {
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: the server refused the lease on consumer name %q; allow GET, SET, PTTL, PEXPIRE and DEL on %q for this client (see the permissions in docs/design.md): %w",
+			stream, s.config.ConsumerGroup, name, leaseKey(stream, s.config.ConsumerGroup, name), err)
+	}
+	return fmt.Errorf("valkeystream: subscribing to stream %q with group %q: taking the lease on consumer name %q: %w",
+		stream, s.config.ConsumerGroup, name, err)
+}
+
+// newLease returns a lease on name, not taken yet, with a token of its own.
+func (s *Subscriber) newLease(stream, name string) *nameLease {
+	return &nameLease{
 		sub:     s,
 		key:     leaseKey(stream, s.config.ConsumerGroup, name),
 		name:    name,
 		token:   newLeaseToken(),
-		ttl:     ttl,
+		ttl:     s.config.ConsumerLeaseTTL,
 		stopped: make(chan struct{}),
 	}
+}
+
+// takeSlot takes the lease on name, waiting for it while its holder is not
+// proven alive, or returns nil when a live subscription holds it.
+func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger watermill.LoggerAdapter) (*nameLease, error) {
+	ttl := s.config.ConsumerLeaseTTL
+	lease := s.newLease(stream, name)
 	fields := watermill.LogFields{"consumer": name, "lease_key": lease.key}
 	// Known before the lease is asked for, so that a sibling that finds it
 	// taken knows the holder is alive.
@@ -288,7 +298,12 @@ func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, le
 // try takes the lease if it is free, or returns its holder's token and
 // remaining time to live in milliseconds.
 func (l *nameLease) try(ctx context.Context) (holder string, pttl int64, taken bool, err error) {
-	reply, err := leaseTakeScript.Run(ctx, l.sub.config.Client, []string{l.key}, l.token, l.ttl.Milliseconds()).Result()
+	return parseLeaseTake(leaseTakeScript.Run(ctx, l.sub.config.Client, []string{l.key}, l.token, l.ttl.Milliseconds()))
+}
+
+// parseLeaseTake reads the reply of leaseTakeScript.
+func parseLeaseTake(cmd *redis.Cmd) (holder string, pttl int64, taken bool, err error) {
+	reply, err := cmd.Result()
 	if err != nil {
 		return "", 0, false, err
 	}

@@ -228,13 +228,16 @@ func TestCloseDuringSubscribeReturnsErrSubscriberClosed(t *testing.T) {
 	e := newEnv(t)
 	client := newClient(t, e.srv)
 	inDoor := make(chan struct{})
-	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			if cmd.Name() != "xgroup" {
-				return next(ctx, cmd)
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if cmds[0].Name() != "xgroup" {
+				return next(ctx, cmds)
 			}
 			close(inDoor)
 			<-ctx.Done() // held until Close cancels the subscription
+			for _, cmd := range cmds {
+				cmd.SetErr(ctx.Err())
+			}
 			return ctx.Err()
 		}
 	}))

@@ -159,16 +159,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
 			retries: retries{sub: s, logger: logger, health: health}}
 	} else {
-		if err := s.openGroup(runCtx, key); err != nil {
-			abort()
-			return nil, s.closedOr(err)
-		}
-		if err := s.checkScripts(runCtx, key); err != nil {
-			abort()
-			return nil, s.closedOr(err)
-		}
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		lease, err := s.takeName(runCtx, key, s.logger.With(logFields))
+		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
 		if err != nil {
 			abort()
 			return nil, s.closedOr(err)

@@ -94,8 +94,8 @@ type sharedReader struct {
 	mu          sync.Mutex
 	connID      int64 // CLIENT ID of the connection, learned when it connects
 	members     map[string]*sharedMember
-	ending      bool // no members left: end after the read in flight
-	reading     bool // a read is in flight
+	ending      bool   // no members left: end after the read in flight
+	reading     bool   // a read is in flight
 	readSeq     uint64 // of the read in flight, or of the last one
 	readCount   int64
 	interrupted bool   // an interrupt was asked for the read in flight

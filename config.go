@@ -52,7 +52,7 @@ const (
 	DefaultPrefetchWindow = 10 * time.Millisecond
 	// DefaultReadAheadBytes bounds, in bytes, the entries one read of a
 	// group subscription takes (see SubscriberConfig.ReadAheadBytes).
-	DefaultReadAheadBytes = 8 << 20
+	DefaultReadAheadBytes = 4 << 20
 	// DefaultCloseGrace is how long a closing subscription waits for the
 	// message in a handler's hands to be Acked or Nacked.
 	DefaultCloseGrace = 5 * time.Second
@@ -270,7 +270,7 @@ type SubscriberConfig struct {
 	// pending entries and to claims, which hold payloads just the same. The
 	// estimate is an average: entries of mixed sizes can pass the bound.
 	// NoReadAheadLimit (-1) bounds reads in entries only. Only used with
-	// ConsumerGroup. Default: DefaultReadAheadBytes (8 MiB).
+	// ConsumerGroup. Default: DefaultReadAheadBytes (4 MiB).
 	ReadAheadBytes int64
 
 	// BlockTime bounds one blocking read of new entries (BLOCK). A group

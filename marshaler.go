@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"unsafe"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -82,7 +83,11 @@ func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (msg *messag
 			msg, err = nil, fmt.Errorf("%w: the Unmarshaler (%T) panicked: %v", ErrInvalidEntry, u, p)
 		}
 	}()
-	msg, err = u.Unmarshal(fields)
+	if _, ok := u.(DefaultMarshaler); ok {
+		msg, err = unmarshalDefault(fields, true) // fields are a reply's: see there
+	} else {
+		msg, err = u.Unmarshal(fields)
+	}
 	switch {
 	case err != nil:
 		return nil, err
@@ -165,6 +170,18 @@ func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
 // watermill-redisstream (see [RedisstreamMarshaler]) decodes to the message
 // its Subscriber would deliver, with the same UUID and metadata.
 func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
+	return unmarshalDefault(fields, false)
+}
+
+// unmarshalDefault is DefaultMarshaler.Unmarshal. With fromReply, fields
+// are values of a go-redis reply, whose strings each lie over a buffer of
+// their own that nothing else holds (go-redis reads a bulk string into a
+// new []byte and hands it over as a string without copying): the payload
+// then takes that buffer instead of a copy of it, so a large message is
+// not held twice on its way in. Fields from anywhere else (the exported
+// Unmarshal) are copied: a string may lie in memory that must not be
+// written, and a handler may write its payload.
+func unmarshalDefault(fields map[string]any, fromReply bool) (*message.Message, error) {
 	if isRedisstreamEntry(fields) {
 		return unmarshalRedisstream(fields)
 	}
@@ -176,10 +193,13 @@ func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, erro
 	if !ok {
 		return nil, fmt.Errorf("%w: entry of message %s has no %q field", ErrInvalidEntry, uuid, FieldPayload)
 	}
-	// The one copy of the payload on its way in: go-redis hands values
-	// over as strings and a message holds bytes. The string is dropped
-	// with the entry once its message is decoded.
-	msg := message.NewMessage(uuid, message.Payload(payload))
+	var body []byte
+	if fromReply {
+		body = unsafe.Slice(unsafe.StringData(payload), len(payload))
+	} else {
+		body = []byte(payload)
+	}
+	msg := message.NewMessage(uuid, body)
 	for k, v := range fields {
 		if k == FieldUUID || k == FieldPayload {
 			continue

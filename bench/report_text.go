@@ -23,7 +23,7 @@ const howToRun = "## How to run\n\n" +
 	"of " + "`publish-concurrent`, `publish-single`, `publish-batch`, `consume-router`,\n" +
 	"`consume-channel`, `consume-nack`, `latency`, `consume-large`, `many-topics`,\n" +
 	"`memory`), `-sides` (a subset of `valkeystream`, `watermill-redisstream`,\n" +
-	"`go-redis`, `gochannel`), `-stall`, `-cpuprofile`, and:\n\n" +
+	"`go-redis`, `gochannel`), `-stall`, `-cpuprofile`, `-memprofile`, and:\n\n" +
 	"- `-delays 0,1ms,2ms`: run every scenario at each network distance. A\n" +
 	"  delay above 0 starts a proxy (a child process) in front of the server\n" +
 	"  that holds each of the server's replies for that long; requests pass at\n" +

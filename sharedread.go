@@ -120,6 +120,7 @@ type sharedMember struct {
 	covered  bool                  // read while not waiting (see above)
 	parked   []redis.XMessage      // read while not waiting, for the next wait
 	parkedAt time.Time             // when the first of parked was read
+	failed   error                 // of a read while not waiting, for the next wait
 }
 
 type sharedReadResult struct {
@@ -312,6 +313,14 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time
 		r.mu.Unlock()
 		return w, nil
 	}
+	if err := m.failed; err != nil {
+		// A read that covered the stream failed: it may have taken entries
+		// whose reply was lost. The loop handles it as a failed read of its
+		// own, and drains its pending entries before it reads anything new.
+		m.failed, m.covered = nil, false
+		r.mu.Unlock()
+		return sharedWait{}, err
+	}
 	got := make(chan sharedReadResult, 1)
 	m.got, m.count = got, count
 	if r.reading && (m.inRead != r.readSeq || count < r.readCount) {
@@ -403,7 +412,8 @@ func (r *sharedReader) readLoop() {
 var streamsFrom any = ">"
 
 // nextReadLocked prepares the next read, of the streams of the waiting
-// members and of the covered ones with nothing parked, asking for the
+// members and of the covered ones with nothing parked (and no failure to
+// report), asking for the
 // smallest count they asked for, and reports whether there is any. r.mu is
 // held.
 func (r *sharedReader) nextReadLocked() bool {
@@ -413,7 +423,7 @@ func (r *sharedReader) nextReadLocked() bool {
 	var count int64
 	seq := r.readSeq + 1
 	for k, m := range r.members {
-		if m.got == nil && (!m.covered || len(m.parked) > 0) {
+		if m.got == nil && (!m.covered || len(m.parked) > 0 || m.failed != nil) {
 			continue
 		}
 		r.keys = append(r.keys, k)
@@ -447,9 +457,13 @@ func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
 	r.reading = false
 	if err != nil {
 		for _, k := range keys {
-			if m := r.members[k]; m != nil && m.got != nil {
+			switch m := r.members[k]; {
+			case m == nil:
+			case m.got != nil:
 				m.got <- sharedReadResult{err: err}
 				m.got = nil
+			default:
+				m.failed = err // for its next wait; no read covers it before
 			}
 		}
 	}

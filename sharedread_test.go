@@ -3,8 +3,10 @@ package valkeystream_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -352,4 +354,45 @@ func TestEntriesReadWhileTheHandlerWorksComeInOrder(t *testing.T) {
 	m := receive(t, other)
 	assert.Equal(t, sent.UUID, m.UUID)
 	m.Ack()
+}
+
+// A shared read that fails while its stream's subscription handles a
+// message (covered, not waiting) must not be sent again at once, over and
+// over, while the server is down: the failure waits for the subscription,
+// which backs off as after any failed read.
+func TestAFailedSharedReadIsNotResentWhileTheServerIsDown(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	if !e.srv.Restartable() {
+		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be stopped by the test")
+	}
+	var dials atomic.Int64
+	// Neither retries nor redials by itself, so that every send of the read
+	// is a dial while the server is down; the shared reader's client is
+	// made from these options, Dialer included.
+	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), MaxRetries: -1, DialerRetries: 1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}})
+	t.Cleanup(func() { _ = client.Close() })
+	sub := e.subscriber("g", "c", onClient(client), longBlock,
+		func(c *valkeystream.SubscriberConfig) { c.PrefetchWindow = valkeystream.FullBatches })
+	msgs := e.subscribe(sub)
+	e.publish(1)
+	receive(t, msgs).Ack()
+	e.publish(1)
+	held := receive(t, msgs) // the shared read goes on covering the stream
+	waitUntil(t, "the shared read blocks while the handler holds the message", func() bool { return e.blockedReads() == 1 })
+
+	require.NoError(t, e.srv.Kill())
+	before := dials.Load()
+	time.Sleep(time.Second)
+	assert.LessOrEqual(t, dials.Load()-before, int64(40), "dials in 1 s of outage")
+	require.NoError(t, e.srv.StartAgain())
+
+	held.Ack()
+	sent := e.publish(1)
+	assert.Equal(t, uuidsOf(sent), receiveAll(t, msgs, 1), "delivery resumes")
 }

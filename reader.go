@@ -57,8 +57,16 @@ func (r blockingReader) interruptOn(ctx context.Context) (closeNow func()) {
 
 // oneConnection returns a copy of opt for a client of one connection: a
 // reader that holds it in blocking reads, made from the user's options.
+//
+// The copy gets go-redis' default MaintNotificationsConfig, not the user's:
+// the user's client writes to its own as its connections start (it turns
+// the "auto" mode off on a server that refuses the handshake), and a new
+// client copies the config it is given, so sharing it read it while it was
+// written (the race detector caught it when a Subscribe's first pipeline
+// opened connections while the next Subscribe made its reader).
 func oneConnection(opt *redis.Options) *redis.Options {
 	o := *opt
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
+	o.MaintNotificationsConfig = nil
 	return &o
 }

@@ -71,6 +71,17 @@ func (e *env) blockedReads() int {
 	return n
 }
 
+// passOne publishes one message to topic and checks that it arrives on
+// msgs, which it acks.
+func passOne(t *testing.T, pub message.Publisher, topic string, msgs <-chan *message.Message) {
+	t.Helper()
+	sent := message.NewMessage(watermill.NewUUID(), []byte(topic))
+	require.NoError(t, pub.Publish(topic, sent))
+	m := receive(t, msgs)
+	assert.Equal(t, sent.UUID, m.UUID)
+	m.Ack()
+}
+
 // ackAll acks every message of each channel and counts them by topic,
 // until the channels close.
 func ackAll(chans map[string]<-chan *message.Message) (counts func() map[string]int, wait func()) {
@@ -159,17 +170,8 @@ func TestANewSubscriptionInterruptsTheSharedRead(t *testing.T) {
 	second, err := sub.Subscribe(context.Background(), e.topic+"-b")
 	require.NoError(t, err)
 	pub := e.publisher()
-	sent := message.NewMessage(watermill.NewUUID(), []byte("b"))
-	require.NoError(t, pub.Publish(e.topic+"-b", sent))
-	m := receive(t, second) // receiveTimeout is a third of BlockTime
-	assert.Equal(t, sent.UUID, m.UUID)
-	m.Ack()
-
-	sent = message.NewMessage(watermill.NewUUID(), []byte("a"))
-	require.NoError(t, pub.Publish(e.topic+"-a", sent))
-	m = receive(t, first)
-	assert.Equal(t, sent.UUID, m.UUID)
-	m.Ack()
+	passOne(t, pub, e.topic+"-b", second) // receiveTimeout is a third of BlockTime
+	passOne(t, pub, e.topic+"-a", first)
 	waitUntil(t, "both subscriptions wait with one read", func() bool {
 		return e.blockedReads() == 1
 	})
@@ -259,11 +261,7 @@ func TestSubscriptionsReadOnTheirOwnWithoutClientUnblock(t *testing.T) {
 	waitUntil(t, "each subscription blocks on its own", func() bool { return e.blockedReads() == 2 })
 	pub := e.publisher()
 	for i, ch := range chans {
-		sent := message.NewMessage(watermill.NewUUID(), []byte("x"))
-		require.NoError(t, pub.Publish(fmt.Sprintf("%s-%d", e.topic, i), sent))
-		m := receive(t, ch)
-		assert.Equal(t, sent.UUID, m.UUID)
-		m.Ack()
+		passOne(t, pub, fmt.Sprintf("%s-%d", e.topic, i), ch)
 	}
 }
 
@@ -284,11 +282,7 @@ func TestAQuietTopicCostsOneSharedReadPerMessage(t *testing.T) {
 	// One message apart, as a quiet topic gets them: each is handled and
 	// acknowledged, and the shared read blocks again, before the next.
 	send := func(name string) {
-		sent := message.NewMessage(watermill.NewUUID(), []byte("x"))
-		require.NoError(t, pub.Publish(name, sent))
-		m := receive(t, chans[name])
-		assert.Equal(t, sent.UUID, m.UUID)
-		m.Ack()
+		passOne(t, pub, name, chans[name])
 		waitUntil(t, "the message is acknowledged and the shared read blocks", func() bool {
 			return e.pendingCount(name, "g") == 0 && e.blockedReads() == 1
 		})
@@ -348,12 +342,7 @@ func TestEntriesReadWhileTheHandlerWorksComeInOrder(t *testing.T) {
 		m.Ack()
 	}
 	assert.Equal(t, want, got, "delivery order")
-	// The other subscription still gets its messages.
-	sent := message.NewMessage(watermill.NewUUID(), []byte("o"))
-	require.NoError(t, pub.Publish(e.topic+"-other", sent))
-	m := receive(t, other)
-	assert.Equal(t, sent.UUID, m.UUID)
-	m.Ack()
+	passOne(t, pub, e.topic+"-other", other) // the other subscription still gets its messages
 }
 
 // A shared read that fails while its stream's subscription handles a
@@ -382,6 +371,11 @@ func TestAFailedSharedReadIsNotResentWhileTheServerIsDown(t *testing.T) {
 	msgs := e.subscribe(sub)
 	e.publish(1)
 	receive(t, msgs).Ack()
+	// The next message comes through the shared read, not through a read of
+	// the subscription's own that it sent with the Ack.
+	waitUntil(t, "the subscription waits on the shared read", func() bool {
+		return e.pendingCount(e.topic, "g") == 0 && e.blockedReads() == 1
+	})
 	e.publish(1)
 	held := receive(t, msgs) // the shared read goes on covering the stream
 	waitUntil(t, "the shared read blocks while the handler holds the message", func() bool { return e.blockedReads() == 1 })

@@ -65,9 +65,10 @@ import (
 // back to blocking readers of their own, and logs it once.
 
 // sharedReadStreams is the most streams one shared reader reads: the server
-// parses and blocks on every key of a read each time it is sent, which is
-// once or twice per message delivered, so the work of one message grows with
-// this; more subscriptions take more readers (and connections).
+// walks every key of a blocked read when it is sent, when an entry wakes it
+// and when it returns (about 2.7 us per key in all on Redis 7.0), and a read
+// is sent about once per message delivered, so the work of one message
+// grows with this; more subscriptions take more readers (and connections).
 const sharedReadStreams = 64
 
 // unblockRetryMax bounds the pause between two tries of an interrupt whose
@@ -105,8 +106,8 @@ type sharedReader struct {
 	kick chan struct{} // asks the interrupter to interrupt the read in flight
 	done chan struct{} // closed when the read loop ends
 
-	// Owned by the read loop, reused by every read: a read is sent once or
-	// twice per message delivered.
+	// Owned by the read loop, reused by every read: a read is sent about
+	// once per message delivered.
 	keys []string
 	args []any
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // blockingReader is the client a group subscription sends its blocking reads
@@ -58,15 +59,21 @@ func (r blockingReader) interruptOn(ctx context.Context) (closeNow func()) {
 // oneConnection returns a copy of opt for a client of one connection: a
 // reader that holds it in blocking reads, made from the user's options.
 //
-// The copy gets go-redis' default MaintNotificationsConfig, not the user's:
-// the user's client writes to its own as its connections start (it turns
+// The copy shares neither the user's MaintNotificationsConfig nor the
+// push notification processor that go-redis put into the user's options:
+// the user's client writes to its config as its connections start (it turns
 // the "auto" mode off on a server that refuses the handshake), and a new
 // client copies the config it is given, so sharing it read it while it was
 // written (the race detector caught it when a Subscribe's first pipeline
-// opened connections while the next Subscribe made its reader).
+// opened connections while the next Subscribe made its reader); and a
+// second client registering its handlers on the user's processor fails,
+// loudly. A reader holds one connection in blocking reads and needs no
+// maintenance notifications: they are off for it, and it gets a processor
+// of its own.
 func oneConnection(opt *redis.Options) *redis.Options {
 	o := *opt
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
-	o.MaintNotificationsConfig = nil
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	o.PushNotificationProcessor = nil
 	return &o
 }

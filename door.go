@@ -37,29 +37,23 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	claimBack := claimBackScript.Eval(ctx, pipe, []string{key}, group, consumer, "0-1", 0)
 	take := leaseTakeScript.Eval(ctx, pipe, []string{lease.key}, lease.token, lease.ttl.Milliseconds())
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	_, _, taken, leaseErr := parseLeaseTake(take)
-	if !taken {
-		dropLiveToken(lease.token)
-	}
 	err := doorError(key, group, door.Err())
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(renew.Err(), claimBack.Err()))
 	}
-	if err == nil && leaseErr != nil {
-		err = s.leaseError(key, lease.name, leaseErr)
-	}
 	if err != nil {
-		if taken {
+		if _, _, taken, _ := parseLeaseTake(take); taken {
 			lease.logger = logger
 			close(lease.stopped) // no keeper ran
-			lease.release()
+			lease.release()      // which forgets the token too
+		} else {
+			dropLiveToken(lease.token)
 		}
 		return nil, err
 	}
-	if taken {
-		return lease, nil
-	}
-	return s.takeName(ctx, key, logger)
+	// The pipeline's try is the lease's first: taken, or where the
+	// search for a free name begins.
+	return s.takeName(ctx, key, lease, take, logger)
 }
 
 // doorError is nil for the door's success (BUSYGROUP included), else the

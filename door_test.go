@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,4 +244,43 @@ func TestAFailedDoorReleasesTheLeaseItTook(t *testing.T) {
 	keys, err := e.client.Keys(ctx, e.topic+":lease:*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, keys, "leases left behind")
+}
+
+func TestASecondSubscriptionTriesTheHeldBaseNameOnce(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	client := newClient(t, e.srv)
+	baseLease := e.topic + ":lease:g:c"
+	var tries atomic.Int64
+	count := func(cmds ...redis.Cmder) {
+		for _, c := range cmds {
+			if args := c.Args(); isScript(c) && len(args) > 3 && args[3] == baseLease {
+				tries.Add(1)
+			}
+		}
+	}
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			count(cmd)
+			return next(ctx, cmd)
+		}
+	}))
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			count(cmds...)
+			return next(ctx, cmds)
+		}
+	}))
+	sub := e.subscriber("g", "c", onClient(client))
+	_, err := sub.Subscribe(context.Background(), e.topic)
+	require.NoError(t, err)
+	_, err = sub.Subscribe(context.Background(), e.topic)
+	require.NoError(t, err)
+	// The first takes the base name in its opening round trip; the second
+	// learns there that a sibling holds it and goes on to the next name
+	// without asking again.
+	assert.Equal(t, int64(2), tries.Load(), "tries of the base name's lease")
+	n, err := e.client.Exists(context.Background(), baseLease, e.topic+":lease:g:c-2").Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n, "leases held")
 }

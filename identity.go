@@ -172,15 +172,20 @@ type nameLease struct {
 // takeName takes a lease on the first consumer name, of Consumer,
 // Consumer-2, Consumer-3, ..., that no live subscription holds. A name held
 // by a subscription that stopped renewing it is waited for, up to
-// ConsumerLeaseTTL, and taken once its lease lapses.
-func (s *Subscriber) takeName(ctx context.Context, stream string, logger watermill.LoggerAdapter) (*nameLease, error) {
+// ConsumerLeaseTTL, and taken once its lease lapses. first is the lease on
+// Consumer, whose first try (firstTry, a call of leaseTakeScript) was sent
+// with the group door (see openSubscription).
+func (s *Subscriber) takeName(ctx context.Context, stream string, first *nameLease, firstTry *redis.Cmd, logger watermill.LoggerAdapter) (*nameLease, error) {
+	lease, sent := first, firstTry
 	for slot := 1; ; slot++ {
-		name := slotName(s.config.Consumer, slot)
-		lease, err := s.takeSlot(ctx, stream, name, logger)
-		if err != nil {
-			return nil, s.leaseError(stream, name, err)
+		if slot > 1 {
+			lease, sent = s.newLease(stream, slotName(s.config.Consumer, slot)), nil
 		}
-		if lease != nil {
+		taken, err := s.takeSlot(ctx, lease, sent, logger)
+		if err != nil {
+			return nil, s.leaseError(stream, lease.name, err)
+		}
+		if taken {
 			return lease, nil
 		}
 	}
@@ -209,12 +214,12 @@ func (s *Subscriber) newLease(stream, name string) *nameLease {
 	}
 }
 
-// takeSlot takes the lease on name, waiting for it while its holder is not
-// proven alive, or returns nil when a live subscription holds it.
-func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger watermill.LoggerAdapter) (*nameLease, error) {
+// takeSlot takes lease, waiting for it while its holder is not proven
+// alive, and reports false when a live subscription holds it. sent, when
+// not nil, is its first try, already sent.
+func (s *Subscriber) takeSlot(ctx context.Context, lease *nameLease, sent *redis.Cmd, logger watermill.LoggerAdapter) (bool, error) {
 	ttl := s.config.ConsumerLeaseTTL
-	lease := s.newLease(stream, name)
-	fields := watermill.LogFields{"consumer": name, "lease_key": lease.key}
+	fields := watermill.LogFields{"consumer": lease.name, "lease_key": lease.key}
 	// Known before the lease is asked for, so that a sibling that finds it
 	// taken knows the holder is alive.
 	addLiveToken(lease.token)
@@ -232,45 +237,49 @@ func (s *Subscriber) takeSlot(ctx context.Context, stream, name string, logger w
 	var watch leaseWatch
 	waiting := false
 	for {
-		holder, pttl, ok, err := lease.try(ctx)
+		if sent == nil {
+			sent = lease.try(ctx)
+		}
+		holder, pttl, ok, err := parseLeaseTake(sent)
+		sent = nil
 		if err != nil {
-			return nil, err
+			return false, err
 		}
 		if ok {
 			taken = true
 			if waiting {
 				logger.Info("Took the consumer name after the lease of its previous holder lapsed", fields)
 			}
-			return lease, nil
+			return true, nil
 		}
 		if pttl == -2 {
 			continue // it lapsed between the two steps of the script's reply: ask again
 		}
 		if isLiveToken(holder) {
-			return nil, nil // a sibling in this process
+			return false, nil // a sibling in this process
 		}
 		switch watch.observe(holder, pttl) {
 		case holderAlive:
 			logger.Info("Consumer name is held by a live subscription elsewhere; trying the next one", fields)
-			return nil, nil
+			return false, nil
 		case holderForever:
 			logger.Info("Consumer name is held by a lease without expiry; trying the next one", fields)
-			return nil, nil
+			return false, nil
 		}
 		if time.Now().After(deadline) {
 			logger.Info("Consumer name is still held after ConsumerLeaseTTL although its holder did not renew it (a holder with a longer ConsumerLeaseTTL?); trying the next one", fields)
-			return nil, nil
+			return false, nil
 		}
 		if !waiting {
 			waiting = true
 			logger.Info("Consumer name is leased by another subscription; waiting until it renews the lease (alive: the next name is taken) or the lease lapses (a process that stopped without Close: the name is taken)",
-				watermill.LogFields{"consumer": name, "lease_key": lease.key, "lease_ttl_left": time.Duration(pttl * int64(time.Millisecond)).String()})
+				watermill.LogFields{"consumer": lease.name, "lease_key": lease.key, "lease_ttl_left": time.Duration(pttl * int64(time.Millisecond)).String()})
 		}
 		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, ctx.Err()
+			return false, ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -295,13 +304,14 @@ func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, le
 	}
 }
 
-// try takes the lease if it is free, or returns its holder's token and
-// remaining time to live in milliseconds.
-func (l *nameLease) try(ctx context.Context) (holder string, pttl int64, taken bool, err error) {
-	return parseLeaseTake(leaseTakeScript.Run(ctx, l.sub.config.Client, []string{l.key}, l.token, l.ttl.Milliseconds()))
+// try runs leaseTakeScript for the lease: it takes the lease if it is free
+// (see parseLeaseTake).
+func (l *nameLease) try(ctx context.Context) *redis.Cmd {
+	return leaseTakeScript.Run(ctx, l.sub.config.Client, []string{l.key}, l.token, l.ttl.Milliseconds())
 }
 
-// parseLeaseTake reads the reply of leaseTakeScript.
+// parseLeaseTake reads the reply of leaseTakeScript: taken, or the holder's
+// token and the lease's remaining time to live in milliseconds.
 func parseLeaseTake(cmd *redis.Cmd) (holder string, pttl int64, taken bool, err error) {
 	reply, err := cmd.Result()
 	if err != nil {

@@ -454,8 +454,8 @@ const delayedMovesPerCall = 200
 // have no delayed messages, and the script costs the server several
 // microseconds per topic even then: so one pipeline first asks, with one
 // EXISTS per call, which calls have a sorted set at all, and a second one
-// runs the script for those only (sent again with the script's body, EVAL,
-// if the server does not have it). A failed EXISTS runs the script, which
+// runs the script for those only (the calls refused for want of the script
+// are sent again with its body, EVAL). A failed EXISTS runs the script, which
 // reports the failure.
 func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
 	client := s.config.Client
@@ -484,7 +484,9 @@ func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic
 		}
 	}
 	out := make([]delayedMoveResult, len(topics))
-	send := func(eval bool) (noScript bool) {
+	// send runs the script for the calls todo and returns those that the
+	// server refused for not having it.
+	send := func(todo []int, eval bool) (noScript []int) {
 		pipe := client.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
 		for i, c := range todo {
@@ -501,15 +503,19 @@ func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		for i, c := range todo {
 			if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-				noScript = true
+				noScript = append(noScript, c)
 			}
 			copy(out[c*perCall:], parseDelayedMoves(cmds[i], len(calls[c])))
 		}
 		return noScript
 	}
-	if len(todo) > 0 && send(false) {
-		// EVAL loads it, with no permission beyond the one to run it.
-		send(true)
+	if len(todo) > 0 {
+		if again := send(todo, false); len(again) > 0 {
+			// EVAL loads it, with no permission beyond the one to run
+			// it; only the calls refused go again (on a cluster, nodes
+			// that had the script ran theirs).
+			send(again, true)
+		}
 	}
 	return out
 }

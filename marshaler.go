@@ -83,8 +83,8 @@ func decodeEntry(u Unmarshaler, fields map[string]any, from origin) (msg *messag
 			msg, err = nil, fmt.Errorf("%w: the Unmarshaler (%T) panicked: %v", ErrInvalidEntry, u, p)
 		}
 	}()
-	if _, ok := u.(DefaultMarshaler); ok {
-		msg, err = unmarshalDefault(fields, true) // fields are a reply's: see there
+	if r, ok := u.(replyUnmarshaler); ok {
+		msg, err = r.unmarshalReply(fields)
 	} else {
 		msg, err = u.Unmarshal(fields)
 	}
@@ -171,6 +171,19 @@ func (DefaultMarshaler) Marshal(_ string, msg *message.Message) ([]any, error) {
 // its Subscriber would deliver, with the same UUID and metadata.
 func (DefaultMarshaler) Unmarshal(fields map[string]any) (*message.Message, error) {
 	return unmarshalDefault(fields, false)
+}
+
+// replyUnmarshaler is an Unmarshaler that can take over the values of a
+// go-redis reply instead of copying them; decodeEntry, which is only given
+// replies' fields, prefers it.
+type replyUnmarshaler interface {
+	unmarshalReply(fields map[string]any) (*message.Message, error)
+}
+
+var _ replyUnmarshaler = DefaultMarshaler{}
+
+func (DefaultMarshaler) unmarshalReply(fields map[string]any) (*message.Message, error) {
+	return unmarshalDefault(fields, true)
 }
 
 // unmarshalDefault is DefaultMarshaler.Unmarshal. With fromReply, fields

@@ -20,6 +20,10 @@ func TestPayloadOfAReplyIsNotCopied(t *testing.T) {
 	assert.Equal(t, payload, string(msg.Payload))
 	assert.Same(t, unsafe.StringData(payload), &msg.Payload[0], "decoding a reply copied the payload")
 
+	msg, err = decodeEntry(&DefaultMarshaler{}, fields, origin{stream: "s", entryID: "1-0"})
+	require.NoError(t, err)
+	assert.Same(t, unsafe.StringData(payload), &msg.Payload[0], "a *DefaultMarshaler copied the payload")
+
 	msg, err = DefaultMarshaler{}.Unmarshal(fields)
 	require.NoError(t, err)
 	assert.Equal(t, payload, string(msg.Payload))

@@ -137,7 +137,13 @@ func (e *env) subscriber(group, consumer string, edit ...func(*valkeystream.Subs
 
 func (e *env) subscribe(sub *valkeystream.Subscriber) <-chan *message.Message {
 	e.t.Helper()
-	msgs, err := sub.Subscribe(context.Background(), e.topic)
+	return e.subscribeTo(sub, e.topic)
+}
+
+// subscribeTo subscribes sub to topic, failing the test if it cannot.
+func (e *env) subscribeTo(sub *valkeystream.Subscriber, topic string) <-chan *message.Message {
+	e.t.Helper()
+	msgs, err := sub.Subscribe(context.Background(), topic)
 	require.NoError(e.t, err)
 	return msgs
 }

@@ -123,8 +123,7 @@ func TestManyTopicsShareAFewConnections(t *testing.T) {
 	names := make([]string, topics)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", e.topic, i)
-		ch, err := sub.Subscribe(context.Background(), names[i])
-		require.NoError(t, err)
+		ch := e.subscribeTo(sub, names[i])
 		chans[names[i]] = ch
 	}
 	counts, wait := ackAll(chans)
@@ -161,14 +160,12 @@ func TestANewSubscriptionInterruptsTheSharedRead(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", longBlock)
-	first, err := sub.Subscribe(context.Background(), e.topic+"-a")
-	require.NoError(t, err)
+	first := e.subscribeTo(sub, e.topic+"-a")
 	waitUntil(t, "the shared read blocks", func() bool { return e.blockedReads() == 1 })
 
 	// The read in flight does not cover this stream: the new subscription
 	// must not wait out its minute.
-	second, err := sub.Subscribe(context.Background(), e.topic+"-b")
-	require.NoError(t, err)
+	second := e.subscribeTo(sub, e.topic+"-b")
 	pub := e.publisher()
 	passOne(t, pub, e.topic+"-b", second) // receiveTimeout is a third of BlockTime
 	passOne(t, pub, e.topic+"-a", first)
@@ -185,8 +182,7 @@ func TestEntriesOfAnEndedSubscriptionAreHandedBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	goneMsgs, err := sub.Subscribe(ctx, gone)
 	require.NoError(t, err)
-	stayMsgs, err := sub.Subscribe(context.Background(), stay)
-	require.NoError(t, err)
+	stayMsgs := e.subscribeTo(sub, stay)
 	// Make sure the read in flight covers both: a message on each stream
 	// comes through it.
 	pub := e.publisher()
@@ -217,8 +213,7 @@ func TestEntriesOfAnEndedSubscriptionAreHandedBack(t *testing.T) {
 	})
 
 	// A new subscription under the same name drains it.
-	again, err := sub.Subscribe(context.Background(), gone)
-	require.NoError(t, err)
+	again := e.subscribeTo(sub, gone)
 	m := receive(t, again)
 	assert.Equal(t, sent.UUID, m.UUID)
 	m.Ack()
@@ -230,8 +225,7 @@ func TestCloseEndsManyIdleSharedSubscriptionsAtOnce(t *testing.T) {
 	sub := e.subscriber("g", "c", longBlock)
 	var chans []<-chan *message.Message
 	for i := range 50 {
-		ch, err := sub.Subscribe(context.Background(), fmt.Sprintf("%s-%d", e.topic, i))
-		require.NoError(t, err)
+		ch := e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
 		chans = append(chans, ch)
 	}
 	waitUntil(t, "the shared read blocks", func() bool { return e.blockedReads() == 1 })
@@ -254,8 +248,7 @@ func TestSubscriptionsReadOnTheirOwnWithoutClientUnblock(t *testing.T) {
 	sub := limitedSubscriber(t, e, "no-unblock", "-client", "+client|id")
 	var chans []<-chan *message.Message
 	for i := range 2 {
-		ch, err := sub.Subscribe(context.Background(), fmt.Sprintf("%s-%d", e.topic, i))
-		require.NoError(t, err)
+		ch := e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
 		chans = append(chans, ch)
 	}
 	waitUntil(t, "each subscription blocks on its own", func() bool { return e.blockedReads() == 2 })
@@ -274,8 +267,7 @@ func TestAQuietTopicCostsOneSharedReadPerMessage(t *testing.T) {
 	names := []string{e.topic + "-a", e.topic + "-b", e.topic + "-c"}
 	chans := map[string]<-chan *message.Message{}
 	for _, name := range names {
-		ch, err := sub.Subscribe(context.Background(), name)
-		require.NoError(t, err)
+		ch := e.subscribeTo(sub, name)
 		chans[name] = ch
 	}
 	pub := e.publisher()
@@ -307,10 +299,8 @@ func TestEntriesReadWhileTheHandlerWorksComeInOrder(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)
 	sub := e.subscriber("g", "c", longBlock)
-	other, err := sub.Subscribe(context.Background(), e.topic+"-other")
-	require.NoError(t, err)
-	msgs, err := sub.Subscribe(context.Background(), e.topic)
-	require.NoError(t, err)
+	other := e.subscribeTo(sub, e.topic+"-other")
+	msgs := e.subscribeTo(sub, e.topic)
 	pub := e.publisher()
 	publish := func(n int) []string {
 		var uuids []string

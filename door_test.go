@@ -207,18 +207,7 @@ func TestSubscribeStartsInOneRoundTrip(t *testing.T) {
 		trips = append(trips, names)
 		mu.Unlock()
 	}
-	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			record(cmd)
-			return next(ctx, cmd)
-		}
-	}))
-	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			record(cmds...)
-			return next(ctx, cmds)
-		}
-	}))
+	watchCommands(client, record)
 	sub := e.subscriber("g", "c", onClient(client))
 	_, err := sub.Subscribe(context.Background(), e.topic)
 	require.NoError(t, err)
@@ -259,18 +248,7 @@ func TestASecondSubscriptionTriesTheHeldBaseNameOnce(t *testing.T) {
 			}
 		}
 	}
-	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			count(cmd)
-			return next(ctx, cmd)
-		}
-	}))
-	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			count(cmds...)
-			return next(ctx, cmds)
-		}
-	}))
+	watchCommands(client, count)
 	sub := e.subscriber("g", "c", onClient(client))
 	_, err := sub.Subscribe(context.Background(), e.topic)
 	require.NoError(t, err)

@@ -284,6 +284,23 @@ func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return h(next)
 }
 
+// watchCommands calls see with every command client sends: a single one,
+// or the commands of a pipeline together, before they are sent.
+func watchCommands(client *redis.Client, see func(cmds ...redis.Cmder)) {
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			see(cmd)
+			return next(ctx, cmd)
+		}
+	}))
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			see(cmds...)
+			return next(ctx, cmds)
+		}
+	}))
+}
+
 // isScript reports whether cmd runs a server-side script (EVALSHA, EVAL).
 func isScript(cmd redis.Cmder) bool {
 	return cmd.Name() == "evalsha" || cmd.Name() == "eval"

@@ -14,6 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	delayed "github.com/echomq/valkeystream/internal/delay"
 )
 
 // Delayed messages. A message published with Watermill's delay metadata
@@ -24,14 +26,14 @@ import (
 // moves the entries that are due into the stream, on a beat of
 // DelayedPollInterval (one pipeline per beat for all its topics), with a
 // server-side script that appends and removes each entry in one atomic step,
-// so a crash never loses or duplicates a delayed message. See docs/delay.md.
+// so a crash never loses or duplicates a delayed message. The mover and the
+// encoding of a waiting entry live in internal/delay; this file keeps the
+// publish side, the name of the sorted set and the Subscriber's hold on its
+// mover. See docs/delay.md.
 
 // DefaultDelayedPollInterval is how often a Subscriber moves the delayed
 // messages of its topics that are due into their streams.
 const DefaultDelayedPollInterval = 100 * time.Millisecond
-
-// delayedMoveBatch is the most delayed messages one move appends.
-const delayedMoveBatch = 100
 
 // delayedSuffix ends the key of the sorted set of delayed messages of a
 // stream key without a hash tag, and delayedTaggedSuffix that of one with a
@@ -205,49 +207,16 @@ func ceilMillis(d time.Duration) int64 {
 }
 
 // encodeDelayedEntry encodes the fields of a stream entry, as a Marshaler
-// returns them, into one string that the scripts decode: each field and
-// value as its length in decimal, ':', and its bytes. The same message
-// always gives the same string, so publishing it twice stores it once.
+// returns them, into the one string that the scripts decode (see
+// delayed.EncodeEntry). A field of a type the encoding has no form for is
+// an error wrapping ErrInvalidMessage.
 func encodeDelayedEntry(fields []any) (string, error) {
-	var b strings.Builder
-	for _, f := range fields {
-		var s string
-		switch v := f.(type) {
-		case string:
-			s = v
-		case []byte:
-			s = string(v)
-		case int:
-			s = strconv.Itoa(v)
-		case int64:
-			s = strconv.FormatInt(v, 10)
-		case float64:
-			s = strconv.FormatFloat(v, 'f', -1, 64)
-		case bool:
-			s = map[bool]string{false: "0", true: "1"}[v]
-		default:
-			return "", fmt.Errorf("%w: entry field of type %T: a Marshaler for delayed messages may return strings, byte slices, integers, floats and booleans", ErrInvalidMessage, f)
-		}
-		b.WriteString(strconv.Itoa(len(s)))
-		b.WriteByte(':')
-		b.WriteString(s)
+	member, err := delayed.EncodeEntry(fields)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
-	return b.String(), nil
+	return member, nil
 }
-
-// decodeEntryLua is the Lua function that reverses encodeDelayedEntry.
-const decodeEntryLua = `
-local function fields(m)
-  local f, p = {}, 1
-  while p <= #m do
-    local c = string.find(m, ':', p, true)
-    local n = tonumber(string.sub(m, p, c - 1))
-    f[#f + 1] = string.sub(m, c + 1, c + n)
-    p = c + n + 1
-  end
-  return f
-end
-`
 
 // delayAddScript writes the messages of one Publish call. For each pair of
 // ARGV[3...] (wait in milliseconds, encoded entry): a wait of 0 appends the
@@ -258,7 +227,7 @@ end
 // written.
 //
 // KEYS[1] sorted set of delayed entries, KEYS[2] stream.
-var delayAddScript = redis.NewScript(decodeEntryLua + `
+var delayAddScript = redis.NewScript(delayed.DecodeEntryLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
 for i = 3, #ARGV, 2 do
@@ -274,25 +243,12 @@ end
 return (#ARGV - 2) / 2
 `)
 
-// delayedMoves moves the due delayed messages of every topic a Subscriber
-// subscribes to: one goroutine per Subscriber that, every
-// DelayedPollInterval, runs delayMoveScript for every subscribed stream in
-// one pipeline (go-redis splits it per node on a cluster client), instead of
-// one goroutine and one round trip per subscription. A topic subscribed
-// several times is moved once per beat.
+// delayedMoves is a Subscriber's mover of due delayed messages (see
+// internal/delay): made, and its goroutine started, by the first call of
+// startDelayedMover that adds a stream to it.
 type delayedMoves struct {
-	mu      sync.Mutex
-	topics  map[string]*delayedTopic // by stream key
-	started bool
-}
-
-// delayedTopic is one subscribed stream of the delayed mover.
-type delayedTopic struct {
-	keys     []string // sorted set, stream
-	subs     int      // subscriptions of the stream
-	logger   watermill.LoggerAdapter
-	failures int       // consecutive failed moves
-	retryAt  time.Time // after a failure: no move before
+	once  sync.Once
+	mover *delayed.Mover
 }
 
 // startDelayedMover adds the stream key of a subscription whose context is
@@ -306,248 +262,18 @@ func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logField
 		return
 	}
 	m := &s.delayed
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.topics == nil {
-		m.topics = map[string]*delayedTopic{}
-	}
-	t := m.topics[key]
-	if t == nil {
-		t = &delayedTopic{keys: []string{delayedKey, key}, logger: s.logger.With(logFields)}
-		m.topics[key] = t
-	}
-	t.subs++
-	context.AfterFunc(ctx, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if t.subs--; t.subs == 0 {
-			delete(m.topics, key)
-		}
-	})
-	if !m.started {
-		m.started = true
+	m.once.Do(func() {
+		m.mover = delayed.NewMover(delayed.Config{
+			Client:  s.config.Client,
+			Every:   every,
+			Faults:  &s.stats.faults,
+			Backoff: backoff,
+		})
 		s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
 		go func() {
 			defer s.wg.Done()
-			s.moveDelayed(every)
+			m.mover.Run(s.closing)
 		}()
-	}
-}
-
-// moveDelayed moves due messages of every subscribed stream every beat
-// until Close. A stream whose move failed is logged (once per streak of
-// failures) and counted, and its next move waits a backoff; a stream whose
-// move filled a batch is moved again at once.
-func (s *Subscriber) moveDelayed(every time.Duration) {
-	ctx := s.closing
-	timer := time.NewTimer(every)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		for again := s.delayed.due(time.Now()); len(again) > 0; {
-			again = s.moveDelayedOnce(ctx, every, again)
-			if ctx.Err() != nil {
-				return
-			}
-		}
-		timer.Reset(every)
-	}
-}
-
-// due returns the streams to move at now: all but those backing off.
-func (m *delayedMoves) due(now time.Time) []*delayedTopic {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var due []*delayedTopic
-	for _, t := range m.topics {
-		if !now.Before(t.retryAt) {
-			due = append(due, t)
-		}
-	}
-	return due
-}
-
-// moveDelayedOnce moves the due messages of topics in one pipeline, and
-// returns those that filled a batch (more may be due).
-func (s *Subscriber) moveDelayedOnce(ctx context.Context, every time.Duration, topics []*delayedTopic) (again []*delayedTopic) {
-	results := s.runDelayedMoves(ctx, topics)
-	if ctx.Err() != nil {
-		return nil
-	}
-	s.delayed.mu.Lock()
-	defer s.delayed.mu.Unlock()
-	now := time.Now()
-	for i, t := range topics {
-		moved, err := results[i].moved, results[i].err
-		if err != nil {
-			t.failures++
-			s.stats.faults.Add(1)
-			if t.failures == 1 {
-				t.logger.Error("Could not move due delayed messages into the stream; retrying with backoff. "+
-					"A NOPERM reply needs the key and the commands of delayed messages for this client (see the permissions in docs/design.md), "+
-					"or SubscriberConfig.DelayedPollInterval set negative where no delayed messages are published", err,
-					watermill.LogFields{"delayed_key": t.keys[0]})
-			}
-			t.retryAt = now.Add(max(every, backoff(t.failures)) - every)
-			continue
-		}
-		if t.failures > 0 {
-			t.logger.Info("Moving due delayed messages works again", watermill.LogFields{"delayed_key": t.keys[0], "failures": t.failures})
-		}
-		t.failures, t.retryAt = 0, time.Time{}
-		if moved > 0 {
-			t.logger.Trace("Moved due delayed messages into the stream", watermill.LogFields{"count": moved})
-		}
-		if moved == delayedMoveBatch && t.subs > 0 {
-			again = append(again, t)
-		}
-	}
-	return again
-}
-
-// delayMoveScript appends to each stream up to ARGV[1] delayed entries
-// whose due time has come by the server's clock, earliest first, removing
-// each from its sorted set in the same atomic step. KEYS holds pairs (sorted
-// set, stream). It returns, by pair, how many it moved, or the error reply
-// that stopped that pair's move (a string); the other pairs go on.
-var delayMoveScript = redis.NewScript(decodeEntryLua + `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-for i = 1, #KEYS, 2 do
-  local due = redis.pcall('ZRANGEBYSCORE', KEYS[i], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-  if due.err then
-    out[#out + 1] = due.err
-  else
-    local n = 0
-    for _, m in ipairs(due) do
-      local r = redis.pcall('XADD', KEYS[i + 1], '*', unpack(fields(m)))
-      if type(r) == 'table' and r.err then
-        n = r.err
-        break
-      end
-      r = redis.pcall('ZREM', KEYS[i], m)
-      if type(r) == 'table' and r.err then
-        n = r.err
-        break
-      end
-      n = n + 1
-    end
-    out[#out + 1] = n
-  end
-end
-return out
-`)
-
-// delayedMovesPerCall is the most streams one call of delayMoveScript
-// moves, so that one call never holds the server long.
-const delayedMovesPerCall = 200
-
-// runDelayedMoves moves the due messages of topics and returns, by topic,
-// how many it moved or why it failed. On a *redis.Client one script call
-// moves up to delayedMovesPerCall topics; on other clients, whose keys may
-// lie in different cluster slots, one call moves one topic. Most topics
-// have no delayed messages, and the script costs the server several
-// microseconds per topic even then: so one pipeline first asks, with one
-// EXISTS per call, which calls have a sorted set at all, and a second one
-// runs the script for those only (the calls refused for want of the script
-// are sent again with its body, EVAL). A failed EXISTS runs the script, which
-// reports the failure.
-func (s *Subscriber) runDelayedMoves(ctx context.Context, topics []*delayedTopic) []delayedMoveResult {
-	client := s.config.Client
-	perCall := 1
-	if _, single := client.(*redis.Client); single {
-		perCall = delayedMovesPerCall
-	}
-	var calls [][]*delayedTopic
-	for from := 0; from < len(topics); from += perCall {
-		calls = append(calls, topics[from:min(from+perCall, len(topics))])
-	}
-	pipe := client.Pipeline()
-	exists := make([]*redis.IntCmd, len(calls))
-	for i, call := range calls {
-		keys := make([]string, len(call))
-		for j, t := range call {
-			keys[j] = t.keys[0]
-		}
-		exists[i] = pipe.Exists(ctx, keys...)
-	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
-	var todo []int        // the calls to run
-	for i, c := range exists {
-		if n, err := c.Result(); err != nil || n > 0 {
-			todo = append(todo, i)
-		}
-	}
-	out := make([]delayedMoveResult, len(topics))
-	// send runs the script for the calls todo and returns those that the
-	// server refused for not having it.
-	send := func(todo []int, eval bool) (noScript []int) {
-		pipe := client.Pipeline()
-		cmds := make([]*redis.Cmd, len(todo))
-		for i, c := range todo {
-			keys := make([]string, 0, 2*len(calls[c]))
-			for _, t := range calls[c] {
-				keys = append(keys, t.keys...)
-			}
-			if eval {
-				cmds[i] = delayMoveScript.Eval(ctx, pipe, keys, delayedMoveBatch)
-			} else {
-				cmds[i] = delayMoveScript.EvalSha(ctx, pipe, keys, delayedMoveBatch)
-			}
-		}
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		for i, c := range todo {
-			if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-				noScript = append(noScript, c)
-			}
-			copy(out[c*perCall:], parseDelayedMoves(cmds[i], len(calls[c])))
-		}
-		return noScript
-	}
-	if len(todo) > 0 {
-		if again := send(todo, false); len(again) > 0 {
-			// EVAL loads it, with no permission beyond the one to run
-			// it; only the calls refused go again (on a cluster, nodes
-			// that had the script ran theirs).
-			send(again, true)
-		}
-	}
-	return out
-}
-
-// delayedMoveResult is the move of one topic: how many it moved, or why it
-// failed.
-type delayedMoveResult struct {
-	moved int
-	err   error
-}
-
-// parseDelayedMoves reads the reply of delayMoveScript for n topics.
-func parseDelayedMoves(c *redis.Cmd, n int) []delayedMoveResult {
-	out := make([]delayedMoveResult, n)
-	reply, err := c.Slice()
-	if err == nil && len(reply) != n {
-		err = fmt.Errorf("moving delayed messages: %d results for %d topics", len(reply), n)
-	}
-	for i := range out {
-		switch {
-		case err != nil:
-			out[i].err = err
-		default:
-			switch v := reply[i].(type) {
-			case int64:
-				out[i].moved = int(v)
-			case string:
-				out[i].err = errors.New(v)
-			default:
-				out[i].err = fmt.Errorf("moving delayed messages: unexpected result %v", v)
-			}
-		}
-	}
-	return out
+	})
+	m.mover.Add(ctx, key, delayedKey, s.logger.With(logFields))
 }

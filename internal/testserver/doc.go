@@ -13,4 +13,9 @@
 // Cluster (three masters, three replicas) and a Sentinel group (a master, a
 // replica, three sentinels) whose nodes can be killed, frozen and failed
 // over.
+//
+// NewProxy puts a TCP proxy between a client and a server to play network
+// faults: Cut holds every byte both ways (a silent partition) until Heal
+// delivers them, Reset ends every connection with a reset, and ResetEvery
+// runs a bounded storm of resets.
 package testserver

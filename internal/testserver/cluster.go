@@ -295,11 +295,7 @@ func (c *Cluster) Failover(ctx context.Context, addr string) error {
 }
 
 // alive reports whether the private process is wanted up.
-func (s *Server) alive() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.wantUp && !s.closed
-}
+func (s *Server) alive() bool { return s.proc.alive() }
 
 // do runs one command on addr with a client that does not retry.
 func do(ctx context.Context, addr string, args ...any) (any, error) {

@@ -6,11 +6,24 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ory/dockertest/v3"
 	dc "github.com/ory/dockertest/v3/docker"
 )
+
+// container is a server run in a Docker container. Its methods are safe
+// for concurrent use.
+type container struct {
+	pool *dockertest.Pool
+	res  *dockertest.Resource
+	addr string
+	log  *testLog
+
+	mu     sync.Mutex
+	closed bool
+}
 
 // dockerPool returns a pool for a reachable Docker engine, or nil and the
 // reason it is not reachable.
@@ -52,76 +65,81 @@ func startDocker(pool *dockertest.Pool, logf func(string, ...any)) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("run %s:%s container: %w", dockerRepository, dockerTag, err)
 	}
-	s := &Server{
-		kind: kindDocker,
-		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		port: port,
-		pool: pool,
-		res:  res,
-		logf: logf,
-	}
-	if err := s.waitContainer(); err != nil {
-		s.shutdownContainer()
+	log := newTestLog(logf)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	box := &container{pool: pool, res: res, addr: addr, log: log}
+	s := &Server{kind: kindDocker, addr: addr, port: port, box: box, log: log}
+	if err := box.wait(); err != nil {
+		box.shutdown()
 		return nil, err
 	}
 	if err := s.loadInfo(); err != nil {
-		s.shutdownContainer()
+		box.shutdown()
 		return nil, err
 	}
 	return s, nil
 }
 
-// waitContainer waits until the container's server answers PING.
-func (s *Server) waitContainer() error {
-	err := s.pool.Retry(func() error {
+// id is the container's short ID.
+func (c *container) id() string { return shortID(c.res.Container.ID) }
+
+// wait waits until the container's server answers PING.
+func (c *container) wait() error {
+	err := c.pool.Retry(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return ping(ctx, s.addr)
+		return ping(ctx, c.addr)
 	})
 	if err != nil {
-		return fmt.Errorf("container %s at %s did not answer PING: %w", shortID(s.res.Container.ID), s.addr, err)
+		return fmt.Errorf("container %s at %s did not answer PING: %w", c.id(), c.addr, err)
 	}
 	return nil
 }
 
-func (s *Server) killContainer() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+func (c *container) kill() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
 		return errClosed
 	}
-	id := s.res.Container.ID
-	err := s.pool.Client.KillContainer(dc.KillContainerOptions{ID: id, Signal: dc.SIGKILL})
+	id := c.res.Container.ID
+	err := c.pool.Client.KillContainer(dc.KillContainerOptions{ID: id, Signal: dc.SIGKILL})
 	var notRunning *dc.ContainerNotRunning
 	if err != nil && !errors.As(err, &notRunning) {
-		return fmt.Errorf("kill container %s: %w", shortID(id), err)
+		return fmt.Errorf("kill container %s: %w", c.id(), err)
 	}
-	if _, err := s.pool.Client.WaitContainer(id); err != nil {
-		return fmt.Errorf("wait for container %s: %w", shortID(id), err)
+	if _, err := c.pool.Client.WaitContainer(id); err != nil {
+		return fmt.Errorf("wait for container %s: %w", c.id(), err)
 	}
 	return nil
 }
 
-func (s *Server) startContainerAgain() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+func (c *container) start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
 		return errClosed
 	}
-	id := s.res.Container.ID
-	err := s.pool.Client.StartContainer(id, nil)
+	err := c.pool.Client.StartContainer(c.res.Container.ID, nil)
 	var running *dc.ContainerAlreadyRunning
 	if err != nil && !errors.As(err, &running) {
-		return fmt.Errorf("start container %s: %w", shortID(id), err)
+		return fmt.Errorf("start container %s: %w", c.id(), err)
 	}
-	return s.waitContainer()
+	return c.wait()
 }
 
-func (s *Server) shutdownContainer() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	if err := s.pool.Purge(s.res); err != nil {
-		s.log("testserver: purge container %s: %v", shortID(s.res.Container.ID), err)
+func (c *container) shutdown() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if err := c.pool.Purge(c.res); err != nil {
+		c.log.printf("testserver: purge container %s: %v", c.id(), err)
 	}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }

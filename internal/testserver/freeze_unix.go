@@ -2,10 +2,7 @@
 
 package testserver
 
-import (
-	"fmt"
-	"syscall"
-)
+import "syscall"
 
 // Freeze stops the private server process with SIGSTOP: its connections
 // stay open but it answers nothing, replicates nothing and acknowledges
@@ -19,13 +16,5 @@ func (s *Server) signal(sig syscall.Signal) error {
 	if s.kind != kindProcess {
 		return errNotRestartable
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || s.cur == nil {
-		return fmt.Errorf("testserver: %s: no server process running", s.addr)
-	}
-	if err := s.cur.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("testserver: signal %v to pid %d: %w", sig, s.cur.cmd.Process.Pid, err)
-	}
-	return nil
+	return s.proc.signal(sig)
 }

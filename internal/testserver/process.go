@@ -1,15 +1,13 @@
 package testserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -21,35 +19,44 @@ type proc struct {
 	// the start for replacements started by the supervisor, and once the
 	// process answered PING for processes started by Start/StartAgain (so
 	// a server that cannot start at all fails fast instead of looping).
-	supervised bool          // guarded by Server.mu
-	ready      bool          // answered PING at least once; guarded by Server.mu
+	supervised bool          // guarded by supervisor.mu
+	ready      bool          // answered PING at least once; guarded by supervisor.mu
 	done       chan struct{} // closed once the supervisor has handled the exit
 	exitErr    error         // result of Wait; read only after done is closed
 }
 
-// procConfig is what distinguishes a server process from the plain one:
-// extra arguments (cluster mode, replicaof), or a sentinel configuration.
-type procConfig struct {
-	extra []string
-	// sentinel, when set, is the content of sentinel.conf: the process runs
-	// as a Sentinel, without persistence of its own.
-	sentinel string
+// supervisor runs a private server process: it starts it, restarts it when
+// it exits unless that was wanted (Kill, shutdown), signals and kills it.
+// Its methods are safe for concurrent use.
+type supervisor struct {
+	spec   procSpec // port fixed once startProcess returns
+	log    *testLog
+	ctx    context.Context // ends at shutdown
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // one goroutine per process run
+
+	mu         sync.Mutex
+	cur        *proc // current (possibly exited, not yet reaped) process
+	wantUp     bool  // false after Kill/shutdown: do not restart
+	closed     bool
+	quickFails int
 }
 
 // startProcess creates the directory and starts the first server process.
-func startProcess(bin string, logf func(string, ...any), pc procConfig) (*Server, error) {
+func startProcess(bin string, logf func(string, ...any), mode procConfig) (*Server, error) {
 	dir, err := os.MkdirTemp("", "valkeystream-testserver-")
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
-	s := &Server{kind: kindProcess, bin: bin, dir: dir, logf: logf, pc: pc}
-	if pc.sentinel != "" {
-		if err := os.WriteFile(s.sentinelConf(), []byte(pc.sentinel), 0o644); err != nil {
+	log := newTestLog(logf)
+	sup := &supervisor{spec: procSpec{bin: bin, dir: dir, mode: mode}, log: log}
+	if mode.sentinel != "" {
+		if err := os.WriteFile(sup.spec.sentinelConf(), []byte(mode.sentinel), 0o644); err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, fmt.Errorf("write sentinel.conf: %w", err)
 		}
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	sup.ctx, sup.cancel = context.WithCancel(context.Background())
 
 	// The free port may be taken by someone else before the server binds
 	// it; try a few ports.
@@ -61,59 +68,35 @@ func startProcess(bin string, logf func(string, ...any), pc procConfig) (*Server
 			continue
 		}
 		// No supervisor goroutine runs here (see the wg.Wait below), so
-		// port and addr can be set without the mutex.
-		s.port = port
-		s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if lastErr = s.startProcessAgain(); lastErr == nil {
+		// the port can be set without the mutex.
+		sup.spec.port = port
+		if lastErr = sup.start(); lastErr == nil {
 			break
 		}
-		_ = s.killProcess()
-		s.wg.Wait()
+		_ = sup.kill()
+		sup.wg.Wait()
 	}
+	s := &Server{kind: kindProcess, addr: sup.spec.addr(), port: sup.spec.port, proc: sup, log: log}
 	if lastErr == nil {
 		lastErr = s.loadInfo()
 	}
 	if lastErr != nil {
-		s.shutdownProcess()
+		sup.shutdown()
 		return nil, fmt.Errorf("start %s: %w", bin, lastErr)
 	}
 	return s, nil
 }
 
-func (s *Server) args() []string {
-	common := []string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--dir", s.dir,
-		"--protected-mode", "no",
-		"--daemonize", "no",
-		"--logfile", filepath.Join(s.dir, "server.log"),
-	}
-	if s.pc.sentinel != "" {
-		return append([]string{s.sentinelConf(), "--sentinel"}, common...)
-	}
-	args := append(common,
-		"--appendonly", "yes",
-		"--appendfsync", "always",
-		"--save", "",
-	)
-	return append(args, s.pc.extra...)
-}
-
-func (s *Server) sentinelConf() string { return filepath.Join(s.dir, "sentinel.conf") }
-
-func (s *Server) pidFile() string { return filepath.Join(s.dir, "server.pid") }
-
 // startLocked starts a server process and its supervisor goroutine. s.mu
 // must be held, s.cur must be nil or exited, and s.closed false.
-func (s *Server) startLocked(supervised bool) (*proc, error) {
-	cmd := exec.Command(s.bin, s.args()...)
-	cmd.Dir = s.dir
+func (s *supervisor) startLocked(supervised bool) (*proc, error) {
+	cmd := exec.Command(s.spec.bin, s.spec.args()...)
+	cmd.Dir = s.spec.dir
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("run %s: %w", s.bin, err)
+		return nil, fmt.Errorf("run %s: %w", s.spec.bin, err)
 	}
-	if err := writeFileAtomic(s.pidFile(), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+	if err := writeFileAtomic(s.spec.pidFile(), []byte(strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("write pid file: %w", err)
@@ -126,16 +109,17 @@ func (s *Server) startLocked(supervised bool) (*proc, error) {
 }
 
 // supervise waits for p to exit and, unless the exit was deliberate (Kill,
-// cleanup), starts a replacement on the same port and directory.
-func (s *Server) supervise(p *proc) {
+// shutdown), starts a replacement on the same port and directory.
+func (s *supervisor) supervise(p *proc) {
 	defer s.wg.Done()
 	waitErr := p.cmd.Wait()
 	pid := p.cmd.Process.Pid
 	p.exitErr = waitErr
+	addr := s.spec.addr()
 
 	s.mu.Lock()
 	if s.cur == p {
-		_ = os.Remove(s.pidFile())
+		_ = os.Remove(s.spec.pidFile())
 	}
 	if s.cur != p || !s.wantUp || s.closed || !p.supervised {
 		s.releaseLocked(p)
@@ -156,13 +140,13 @@ func (s *Server) supervise(p *proc) {
 		s.wantUp = false
 		s.releaseLocked(p)
 		s.mu.Unlock()
-		s.log("testserver: server pid %d exited (%v); giving up after %d failed restarts%s",
-			pid, waitErr, fails-1, s.logTail())
+		s.log.printf("testserver: server pid %d exited (%v); giving up after %d failed restarts%s",
+			pid, waitErr, fails-1, s.spec.logTail())
 		return
 	}
 	s.mu.Unlock()
 
-	s.log("testserver: server pid %d exited unexpectedly (%v); restarting on %s", pid, waitErr, s.addr)
+	s.log.printf("testserver: server pid %d exited unexpectedly (%v); restarting on %s", pid, waitErr, addr)
 	if fails > 1 {
 		backoff := min(time.Duration(fails-1)*100*time.Millisecond, time.Second)
 		select {
@@ -182,7 +166,7 @@ func (s *Server) supervise(p *proc) {
 		s.wantUp = false
 		s.releaseLocked(p)
 		s.mu.Unlock()
-		s.log("testserver: restart failed: %v", err)
+		s.log.printf("testserver: restart failed: %v", err)
 		return
 	}
 	close(p.done)
@@ -190,14 +174,14 @@ func (s *Server) supervise(p *proc) {
 
 	ctx, cancel := context.WithTimeout(s.ctx, restartReadyTimeout)
 	defer cancel()
-	if err := waitPing(ctx, s.addr, np.done); err != nil {
+	if err := waitPing(ctx, addr, np.done); err != nil {
 		select {
 		case <-np.done:
 			// It exited again (e.g. killed by the next RestartCommand);
 			// its own supervisor reports that.
 		default:
 			if s.ctx.Err() == nil {
-				s.log("testserver: restarted server pid %d: %v%s", np.cmd.Process.Pid, err, s.logTail())
+				s.log.printf("testserver: restarted server pid %d: %v%s", np.cmd.Process.Pid, err, s.spec.logTail())
 			}
 		}
 		return
@@ -205,7 +189,7 @@ func (s *Server) supervise(p *proc) {
 	s.mu.Lock()
 	np.ready = true
 	s.mu.Unlock()
-	s.log("testserver: restarted server on %s, pid %d", s.addr, np.cmd.Process.Pid)
+	s.log.printf("testserver: restarted server on %s, pid %d", addr, np.cmd.Process.Pid)
 }
 
 // killedBySIGKILL reports whether err, from exec.Cmd.Wait, says that the
@@ -221,15 +205,15 @@ func killedBySIGKILL(err error) bool {
 
 // releaseLocked forgets the exited process p and wakes its waiters.
 // s.mu must be held.
-func (s *Server) releaseLocked(p *proc) {
+func (s *supervisor) releaseLocked(p *proc) {
 	if s.cur == p {
 		s.cur = nil
 	}
 	close(p.done)
 }
 
-// killProcess stops the server for good (until StartAgain).
-func (s *Server) killProcess() error {
+// kill stops the server for good (until start).
+func (s *supervisor) kill() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -250,9 +234,9 @@ func (s *Server) killProcess() error {
 	return nil
 }
 
-// startProcessAgain starts the server unless it is already running, and
-// waits until it answers PING.
-func (s *Server) startProcessAgain() error {
+// start starts the server unless it is already running, and waits until
+// it answers PING.
+func (s *supervisor) start() error {
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -283,7 +267,7 @@ func (s *Server) startProcessAgain() error {
 
 // waitReady waits until the server answers PING, and marks p supervised.
 // It fails early if p exits before answering.
-func (s *Server) waitReady(p *proc) error {
+func (s *supervisor) waitReady(p *proc) error {
 	ctx, cancel := context.WithTimeout(s.ctx, readyTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -293,12 +277,13 @@ func (s *Server) waitReady(p *proc) error {
 		stop = p.done
 	}
 	s.mu.Unlock()
-	if err := waitPing(ctx, s.addr, stop); err != nil {
+	addr := s.spec.addr()
+	if err := waitPing(ctx, addr, stop); err != nil {
 		select {
 		case <-stop:
-			return fmt.Errorf("server process exited before answering PING on %s (%v)%s", s.addr, p.exitErr, s.logTail())
+			return fmt.Errorf("server process exited before answering PING on %s (%v)%s", addr, p.exitErr, s.spec.logTail())
 		default:
-			return fmt.Errorf("%w%s", err, s.logTail())
+			return fmt.Errorf("%w%s", err, s.spec.logTail())
 		}
 	}
 	s.mu.Lock()
@@ -308,9 +293,29 @@ func (s *Server) waitReady(p *proc) error {
 	return nil
 }
 
-// shutdownProcess kills the server, waits for the supervisor goroutines and
+// alive reports whether the process is wanted up.
+func (s *supervisor) alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wantUp && !s.closed
+}
+
+// signal sends sig to the running process.
+func (s *supervisor) signal(sig os.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.cur == nil {
+		return fmt.Errorf("testserver: %s: no server process running", s.spec.addr())
+	}
+	if err := s.cur.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("testserver: signal %v to pid %d: %w", sig, s.cur.cmd.Process.Pid, err)
+	}
+	return nil
+}
+
+// shutdown kills the server, waits for the supervisor goroutines and
 // removes the directory.
-func (s *Server) shutdownProcess() {
+func (s *supervisor) shutdown() {
 	s.mu.Lock()
 	s.closed = true
 	s.wantUp = false
@@ -322,22 +327,9 @@ func (s *Server) shutdownProcess() {
 		<-p.done
 	}
 	s.wg.Wait()
-	if err := os.RemoveAll(s.dir); err != nil {
-		s.log("testserver: remove %s: %v", s.dir, err)
+	if err := os.RemoveAll(s.spec.dir); err != nil {
+		s.log.printf("testserver: remove %s: %v", s.spec.dir, err)
 	}
-}
-
-// logTail returns the last lines of the server log, for error messages.
-func (s *Server) logTail() string {
-	data, err := os.ReadFile(filepath.Join(s.dir, "server.log"))
-	if err != nil || len(data) == 0 {
-		return ""
-	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return "; server.log ends with:\n" + string(bytes.Join(lines, []byte("\n")))
 }
 
 // writeFileAtomic writes data to a temporary file and renames it over path,

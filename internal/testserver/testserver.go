@@ -1,18 +1,3 @@
-// Package testserver provides a Redis-protocol server (Redis or Valkey) for
-// the tests of the valkeystream library.
-//
-// Start picks, in order: an already running server named by the
-// VALKEYSTREAM_TEST_ADDR environment variable; a private server process
-// started from a redis-server or valkey-server binary (or the binary named by
-// VALKEYSTREAM_TEST_SERVER); a "redis:7.2" container when a Docker engine is
-// reachable. Private processes and containers run with an append-only file
-// fsynced on every write, so acknowledged writes survive Kill, Restart and
-// the command returned by RestartCommand.
-//
-// StartCluster and StartSentinel start, from the same binary, a Redis
-// Cluster (three masters, three replicas) and a Sentinel group (a master, a
-// replica, three sentinels) whose nodes can be killed, frozen and failed
-// over.
 package testserver
 
 import (
@@ -22,13 +7,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ory/dockertest/v3"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -46,8 +28,6 @@ const (
 	// maxQuickFails is how many times in a row the supervisor restarts a
 	// process that exited by itself before answering PING, before giving up.
 	maxQuickFails = 10
-	// restartScriptTimeout bounds each wait in the RestartCommand script, in seconds.
-	restartScriptTimeout = 30
 
 	dockerRepository = "redis"
 	dockerTag        = "7.2"
@@ -77,30 +57,13 @@ const (
 type Server struct {
 	kind    kind
 	addr    string // fixed once Start returns
+	port    int    // fixed once Start returns; 0 for an external server
 	name    string
 	version string
 
-	// Private process.
-	bin    string
-	dir    string
-	pc     procConfig
-	port   int // fixed once Start returns
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // supervisor goroutines
-
-	// Docker container.
-	pool *dockertest.Pool
-	res  *dockertest.Resource
-
-	mu         sync.Mutex
-	cur        *proc // current (possibly exited, not yet reaped) process
-	wantUp     bool  // false after Kill/cleanup: do not restart
-	closed     bool
-	quickFails int
-
-	logMu sync.Mutex
-	logf  func(format string, args ...any) // nil once the server is shut down
+	proc *supervisor // the private process, for kindProcess
+	box  *container  // the Docker container, for kindDocker
+	log  *testLog
 }
 
 // Start returns a server for the test and registers its shutdown with
@@ -140,7 +103,7 @@ func Start(t testing.TB) *Server {
 			return nil
 		}
 		t.Cleanup(s.shutdown)
-		t.Logf("testserver: started %s (%s %s) at %s, dir %s", bin, s.name, s.version, s.addr, s.dir)
+		t.Logf("testserver: started %s (%s %s) at %s, dir %s", bin, s.name, s.version, s.addr, s.proc.spec.dir)
 		return s
 	}
 
@@ -153,7 +116,7 @@ func Start(t testing.TB) *Server {
 		}
 		t.Cleanup(s.shutdown)
 		t.Logf("testserver: started container %s (%s:%s, %s %s) at %s",
-			shortID(s.res.Container.ID), dockerRepository, dockerTag, s.name, s.version, s.addr)
+			s.box.id(), dockerRepository, dockerTag, s.name, s.version, s.addr)
 		return s
 	}
 
@@ -198,9 +161,9 @@ func (s *Server) Restartable() bool { return s.kind != kindExternal }
 func (s *Server) Kill() error {
 	switch s.kind {
 	case kindProcess:
-		return s.killProcess()
+		return s.proc.kill()
 	case kindDocker:
-		return s.killContainer()
+		return s.box.kill()
 	default:
 		return errNotRestartable
 	}
@@ -213,9 +176,9 @@ func (s *Server) Kill() error {
 func (s *Server) StartAgain() error {
 	switch s.kind {
 	case kindProcess:
-		return s.startProcessAgain()
+		return s.proc.start()
 	case kindDocker:
-		return s.startContainerAgain()
+		return s.box.start()
 	default:
 		return errNotRestartable
 	}
@@ -242,43 +205,27 @@ func (s *Server) Restart() error {
 func (s *Server) RestartCommand() []string {
 	switch s.kind {
 	case kindProcess:
-		return []string{"bash", "-c", processRestartScript(s.pidFile(), s.port)}
+		return []string{"bash", "-c", processRestartScript(s.proc.spec.pidFile(), s.port)}
 	case kindDocker:
-		return []string{"bash", "-c", dockerRestartScript(s.res.Container.ID, s.port)}
+		return []string{"bash", "-c", dockerRestartScript(s.box.res.Container.ID, s.port)}
 	default:
 		return nil
 	}
-}
-
-// log reports through the test's Logf until the server is shut down, and
-// drops messages afterwards (t.Logf panics once the test has completed).
-func (s *Server) log(format string, args ...any) {
-	s.logMu.Lock()
-	defer s.logMu.Unlock()
-	if s.logf != nil {
-		s.logf(format, args...)
-	}
-}
-
-func (s *Server) disableLog() {
-	s.logMu.Lock()
-	s.logf = nil
-	s.logMu.Unlock()
 }
 
 // shutdown is the t.Cleanup function.
 func (s *Server) shutdown() {
 	switch s.kind {
 	case kindProcess:
-		s.shutdownProcess()
+		s.proc.shutdown()
 	case kindDocker:
-		s.shutdownContainer()
+		s.box.shutdown()
 	}
-	s.disableLog()
+	s.log.off()
 }
 
 func startExternal(addr string) (*Server, error) {
-	s := &Server{kind: kindExternal, addr: addr}
+	s := &Server{kind: kindExternal, addr: addr, log: newTestLog(nil)}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	if err := waitPing(ctx, addr, nil); err != nil {
@@ -411,85 +358,4 @@ func parseServerInfo(info string) (name, version string) {
 		version = fields["redis_version"]
 	}
 	return name, version
-}
-
-// shellQuote quotes s for a POSIX shell.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// pingFunc is a bash function answering whether 127.0.0.1:$port replies
-// +PONG to an inline PING (a merely accepted connection is not enough: the
-// server answers -LOADING while it replays the append-only file).
-const pingFunc = `ping_ok() {
-	exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
-	printf 'PING\r\n' >&3 || return 1
-	IFS= read -r -t 2 line <&3 || return 1
-	exec 3<&- 3>&-
-	case "$line" in "+PONG"*) return 0 ;; esac
-	return 1
-}
-`
-
-// processRestartScript kills the server whose pid is in pidFile and waits
-// until the supervisor has started a new process (a different pid in
-// pidFile) that answers PING.
-func processRestartScript(pidFile string, port int) string {
-	return "pidfile=" + shellQuote(pidFile) + "\n" +
-		"port=" + strconv.Itoa(port) + "\n" +
-		"limit=" + strconv.Itoa(restartScriptTimeout) + "\n" +
-		pingFunc + `
-old=$(cat "$pidfile" 2>/dev/null)
-if [ -z "$old" ]; then
-	echo "testserver: no server pid in $pidfile (server not running?)" >&2
-	exit 1
-fi
-kill -KILL "$old" 2>/dev/null
-end=$((SECONDS + limit))
-while kill -0 "$old" 2>/dev/null; do
-	if [ "$SECONDS" -ge "$end" ]; then
-		echo "testserver: server pid $old still running after kill" >&2
-		exit 1
-	fi
-	sleep 0.02
-done
-end=$((SECONDS + limit))
-while :; do
-	new=$(cat "$pidfile" 2>/dev/null)
-	if [ -n "$new" ] && [ "$new" != "$old" ] && (ping_ok) 2>/dev/null; then
-		exit 0
-	fi
-	if [ "$SECONDS" -ge "$end" ]; then
-		echo "testserver: server on port $port not back after restart" >&2
-		exit 1
-	fi
-	sleep 0.05
-done
-`
-}
-
-// dockerRestartScript runs docker restart and waits until the server
-// answers PING again.
-func dockerRestartScript(containerID string, port int) string {
-	return "id=" + shellQuote(containerID) + "\n" +
-		"port=" + strconv.Itoa(port) + "\n" +
-		"limit=" + strconv.Itoa(restartScriptTimeout) + "\n" +
-		pingFunc + `
-docker restart "$id" >/dev/null || exit 1
-end=$((SECONDS + limit))
-until (ping_ok) 2>/dev/null; do
-	if [ "$SECONDS" -ge "$end" ]; then
-		echo "testserver: container $id not back after restart" >&2
-		exit 1
-	fi
-	sleep 0.05
-done
-`
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

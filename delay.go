@@ -16,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	delayed "github.com/echomq/valkeystream/internal/delay"
+
+	"github.com/echomq/valkeystream/internal/loop"
 )
 
 // Delayed messages. A message published with Watermill's delay metadata
@@ -266,14 +268,11 @@ func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logField
 		m.mover = delayed.NewMover(delayed.Config{
 			Client:  s.config.Client,
 			Every:   every,
-			Faults:  &s.stats.faults,
-			Backoff: backoff,
+			Faults:  &s.stats.Faults,
+			Backoff: loop.Backoff,
 		})
-		s.wg.Add(1) // the subscription holds a count already, so Close cannot be past Wait
-		go func() {
-			defer s.wg.Done()
-			m.mover.Run(s.closing)
-		}()
+		// The subscription holds a count already, so Close cannot be past Wait.
+		s.spawn(func() { m.mover.Run(s.closing) })
 	})
 	m.mover.Add(ctx, key, delayedKey, s.logger.With(logFields))
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/loop"
 )
 
 // openGroup is the group door: XGROUP CREATE <key> <group> <start> MKSTREAM,
@@ -17,8 +19,8 @@ func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 }
 
 // openSubscription starts a group subscription to key in one round trip:
-// one pipeline runs the group door, both server-side scripts of the loop
-// with arguments that change nothing (so that a client that may not run
+// one pipeline runs the group door, the server-side scripts of the loop
+// with arguments that change nothing (loop.CheckScripts) (so that a client that may not run
 // scripts fails here rather than at its first Nack, and so that the server
 // has them cached: EVAL with the body, which needs no second round trip
 // when the server does not know them yet), and takes the lease on the base
@@ -28,18 +30,17 @@ func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 // one handler after another.
 func (s *Subscriber) openSubscription(ctx context.Context, key string, logger watermill.LoggerAdapter) (*nameLease, error) {
 	group, consumer := s.config.ConsumerGroup, s.config.Consumer
-	lease := s.newLease(key, slotName(consumer, 1))
-	// Known before the lease is asked for (see takeSlot).
+	lease := s.newLease(key, indexedName(consumer, 1))
+	// Known before the lease is asked for (see takeIndexed).
 	addLiveToken(lease.token)
 	pipe := s.config.Client.Pipeline()
 	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
-	renew := renewScript.Eval(ctx, pipe, []string{key}, group, consumer)
-	claimBack := claimBackScript.Eval(ctx, pipe, []string{key}, group, consumer, "0-1", 0)
+	scripts := loop.CheckScripts(ctx, pipe, key, group, consumer)
 	take := leaseTakeScript.Eval(ctx, pipe, []string{lease.key}, lease.token, lease.ttl.Milliseconds())
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	err := doorError(key, group, door.Err())
 	if err == nil {
-		err = scriptsError(key, group, errors.Join(renew.Err(), claimBack.Err()))
+		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
 	}
 	if err != nil {
 		if _, _, taken, _ := parseLeaseTake(take); taken {

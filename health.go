@@ -43,7 +43,7 @@ type SubscriptionStatus struct {
 }
 
 // subscriptionHealth is the state of one subscription, updated by its loop
-// (through retries) and by Subscribe. Its methods accept a nil receiver, so
+// (as its loop.Health) and by Subscribe. Its methods accept a nil receiver, so
 // that a loop without one needs no check.
 type subscriptionHealth struct {
 	mu sync.Mutex
@@ -68,8 +68,8 @@ func (h *subscriptionHealth) end() {
 	h.mu.Unlock()
 }
 
-// failed records a failed call to the server.
-func (h *subscriptionHealth) failed(err error) {
+// Failed records a failed call to the server.
+func (h *subscriptionHealth) Failed(err error) {
 	if h == nil {
 		return
 	}
@@ -82,8 +82,8 @@ func (h *subscriptionHealth) failed(err error) {
 	h.mu.Unlock()
 }
 
-// recovered ends a streak of failed calls.
-func (h *subscriptionHealth) recovered() {
+// Recovered ends a streak of failed calls.
+func (h *subscriptionHealth) Recovered() {
 	if h == nil {
 		return
 	}
@@ -218,10 +218,7 @@ func (h *HealthCheck) Check() HealthReport {
 	now := time.Now()
 	r := HealthReport{Healthy: true, Ready: true, Subscriptions: []SubscriptionStatus{}}
 	for _, s := range h.config.Subscribers {
-		s.mu.Lock()
-		closed := s.closed
-		s.mu.Unlock()
-		if closed {
+		if s.isClosed() {
 			r.Healthy, r.Ready = false, false
 			r.Problems = append(r.Problems, "a subscriber is closed")
 		}

@@ -42,8 +42,8 @@ func leaseKey(stream, group, name string) string {
 
 var groupEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 
-// slotName returns the consumer name of slot n (1 for the base name itself).
-func slotName(base string, n int) string {
+// indexedName returns the consumer name of index n (1 for the base name itself).
+func indexedName(base string, n int) string {
 	if n == 1 {
 		return base
 	}
@@ -177,11 +177,11 @@ type nameLease struct {
 // with the group door (see openSubscription).
 func (s *Subscriber) takeName(ctx context.Context, stream string, first *nameLease, firstTry *redis.Cmd, logger watermill.LoggerAdapter) (*nameLease, error) {
 	lease, sent := first, firstTry
-	for slot := 1; ; slot++ {
-		if slot > 1 {
-			lease, sent = s.newLease(stream, slotName(s.config.Consumer, slot)), nil
+	for n := 1; ; n++ {
+		if n > 1 {
+			lease, sent = s.newLease(stream, indexedName(s.config.Consumer, n)), nil
 		}
-		taken, err := s.takeSlot(ctx, lease, sent, logger)
+		taken, err := s.takeIndexed(ctx, lease, sent, logger)
 		if err != nil {
 			return nil, s.leaseError(stream, lease.name, err)
 		}
@@ -214,10 +214,10 @@ func (s *Subscriber) newLease(stream, name string) *nameLease {
 	}
 }
 
-// takeSlot takes lease, waiting for it while its holder is not proven
+// takeIndexed takes lease, waiting for it while its holder is not proven
 // alive, and reports false when a live subscription holds it. sent, when
 // not nil, is its first try, already sent.
-func (s *Subscriber) takeSlot(ctx context.Context, lease *nameLease, sent *redis.Cmd, logger watermill.LoggerAdapter) (bool, error) {
+func (s *Subscriber) takeIndexed(ctx context.Context, lease *nameLease, sent *redis.Cmd, logger watermill.LoggerAdapter) (bool, error) {
 	ttl := s.config.ConsumerLeaseTTL
 	fields := watermill.LogFields{"consumer": lease.name, "lease_key": lease.key}
 	// Known before the lease is asked for, so that a sibling that finds it
@@ -352,7 +352,7 @@ func (l *nameLease) keep(ctx context.Context, lost context.CancelFunc) {
 			if ctx.Err() != nil {
 				return
 			}
-			l.sub.stats.faults.Add(1)
+			l.sub.stats.Faults.Add(1)
 			if !failing {
 				failing = true
 				l.logger.Error("Renewing the lease on the consumer name failed; retrying on the next beat. If it lapses meanwhile, another subscription may take the name and this one stops",
@@ -369,7 +369,7 @@ func (l *nameLease) keep(ctx context.Context, lost context.CancelFunc) {
 			l.logger.Info("The lease on the consumer name had lapsed (renewals failed, or the server lost it); taken again",
 				watermill.LogFields{"lease_key": l.key})
 		case 0:
-			l.sub.stats.faults.Add(1)
+			l.sub.stats.Faults.Add(1)
 			l.logger.Error("Lost the consumer name: its lease lapsed and another subscription took it. This subscription stops reading and closes its channel; the other one drains this name's pending entries",
 				nil, watermill.LogFields{"lease_key": l.key})
 			dropLiveToken(l.token)
@@ -387,20 +387,20 @@ func (l *nameLease) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), leaseReleaseTimeout)
 	defer cancel()
 	if err := leaseReleaseScript.Run(ctx, l.sub.config.Client, []string{l.key}, l.token).Err(); err != nil {
-		l.sub.stats.faults.Add(1)
+		l.sub.stats.Faults.Add(1)
 		l.logger.Error("Releasing the lease on the consumer name failed; a new subscription under this name waits up to ConsumerLeaseTTL for it",
 			err, watermill.LogFields{"lease_key": l.key})
 	}
 }
 
-// sweepScript removes the consumers named in ARGV[3...] that, checked again
+// pruneScript removes the consumers named in ARGV[3...] that, checked again
 // here, hold no pending entries and have been idle for more than ARGV[2]
 // milliseconds, and returns the names it removed. The check and the removal
 // are one atomic step: XGROUP DELCONSUMER deletes a consumer's pending list,
 // so a consumer that took an entry since the caller looked is kept.
 //
 // KEYS[1] stream, ARGV[1] group, ARGV[2] idle milliseconds, ARGV[3...] names.
-var sweepScript = redis.NewScript(`
+var pruneScript = redis.NewScript(`
 local info = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 if info.err then
   return info
@@ -426,35 +426,35 @@ end
 return removed
 `)
 
-// sweeper removes the consumers of a group that left: those with no pending
+// pruner removes the consumers of a group that left: those with no pending
 // entries, idle for longer than RemoveIdleConsumersAfter, and whose name no
-// subscription leases. A subscription's loop calls sweep on its claim beat,
+// subscription leases. A subscription's loop calls prune on its claim beat,
 // after its reclaim has taken the entries such consumers left idle.
-type sweeper struct {
+type pruner struct {
 	sub     *Subscriber
 	stream  string
 	group   string
 	self    string
 	age     time.Duration
 	logger  watermill.LoggerAdapter
-	failing bool      // the last sweep failed (logged once per streak)
-	next    time.Time // no sweep before this: see sweepEvery
+	failing bool      // the last prune failed (logged once per streak)
+	next    time.Time // no prune before this: see pruneEvery
 }
 
-// sweepEvery is how many sweeps a subscription runs at most per
+// pruneEvery is how many prunes a subscription runs at most per
 // RemoveIdleConsumersAfter: a departed consumer goes within a quarter of the
 // age after it is due, and a group of many subscriptions lists its
 // consumers (XINFO CONSUMERS) rarely, not on every claim beat.
-const sweepEvery = 4
+const pruneEvery = 4
 
-func (s *Subscriber) newSweeper(stream, self string, logger watermill.LoggerAdapter) *sweeper {
-	return &sweeper{sub: s, stream: stream, group: s.config.ConsumerGroup, self: self,
+func (s *Subscriber) newPruner(stream, self string, logger watermill.LoggerAdapter) *pruner {
+	return &pruner{sub: s, stream: stream, group: s.config.ConsumerGroup, self: self,
 		age: s.config.RemoveIdleConsumersAfter, logger: logger}
 }
 
-// sweep removes departed consumers, at most sweepEvery times per age. A failure is counted and logged once per
+// prune removes departed consumers, at most pruneEvery times per age. A failure is counted and logged once per
 // streak; it never disturbs the loop.
-func (w *sweeper) sweep(ctx context.Context) {
+func (w *pruner) prune(ctx context.Context) {
 	if w == nil || w.age == NeverRemoveConsumers {
 		return
 	}
@@ -462,13 +462,13 @@ func (w *sweeper) sweep(ctx context.Context) {
 	if now.Before(w.next) {
 		return
 	}
-	w.next = now.Add(w.age / sweepEvery)
+	w.next = now.Add(w.age / pruneEvery)
 	removed, err := w.removeDeparted(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
 		}
-		w.sub.stats.faults.Add(1)
+		w.sub.stats.Faults.Add(1)
 		if !w.failing {
 			w.failing = true
 			w.logger.Error("Removing departed consumers failed; retrying on the next claim beat. The client needs XINFO CONSUMERS and XGROUP DELCONSUMER, or set RemoveIdleConsumersAfter to NeverRemoveConsumers",
@@ -484,8 +484,8 @@ func (w *sweeper) sweep(ctx context.Context) {
 
 // removeDeparted finds the consumers past the age with nothing pending,
 // leaves out those whose name is leased, and removes the rest with
-// sweepScript, which checks them again atomically.
-func (w *sweeper) removeDeparted(ctx context.Context) ([]string, error) {
+// pruneScript, which checks them again atomically.
+func (w *pruner) removeDeparted(ctx context.Context) ([]string, error) {
 	client := w.sub.config.Client
 	consumers, err := client.XInfoConsumers(ctx, w.stream, w.group).Result()
 	if err != nil {
@@ -512,7 +512,7 @@ func (w *sweeper) removeDeparted(ctx context.Context) ([]string, error) {
 	if len(args) == 2 {
 		return nil, nil
 	}
-	removed, err := sweepScript.Run(ctx, client, []string{w.stream}, args...).StringSlice()
+	removed, err := pruneScript.Run(ctx, client, []string{w.stream}, args...).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("removing idle consumers of group %q on stream %q: %w", w.group, w.stream, err)
 	}

@@ -47,8 +47,8 @@ func TestLeaseKeyBeginsWithTheStreamKeyAndKeepsGroupsApart(t *testing.T) {
 	assert.Equal(t, "{orders}.eu:lease:billing:host-1", leaseKey("{orders}.eu", "billing", "host-1"))
 	assert.NotEqual(t, leaseKey("s", "a:b", "c"), leaseKey("s", "a", "b:c"), "a ':' in a group must not make two leases one")
 	assert.Equal(t, "s:lease:a%3Ab%25:c", leaseKey("s", "a:b%", "c"))
-	assert.Equal(t, "host", slotName("host", 1))
-	assert.Equal(t, "host-3", slotName("host", 3))
+	assert.Equal(t, "host", indexedName("host", 1))
+	assert.Equal(t, "host-3", indexedName("host", 3))
 }
 
 func TestDepartedConsumersAreIdleWithNothingPending(t *testing.T) {
@@ -61,11 +61,11 @@ func TestDepartedConsumersAreIdleWithNothingPending(t *testing.T) {
 	assert.Equal(t, []string{"gone"}, departedConsumers(consumers, time.Minute, "self"))
 }
 
-// The sweep removes a consumer that holds nothing, left long ago and whose
+// Pruning removes a consumer that holds nothing, left long ago and whose
 // name nobody leases; it keeps one with pending entries, one whose name is
 // leased, and one that was active recently. Its script checks again what it
 // removes: named a consumer with pending entries, it keeps it.
-func TestSweepRemovesOnlyDepartedConsumers(t *testing.T) {
+func TestPruneRemovesOnlyDepartedConsumers(t *testing.T) {
 	testserver.Parallel(t)
 	ctx := context.Background()
 	srv := testserver.Start(t)
@@ -92,13 +92,13 @@ func TestSweepRemovesOnlyDepartedConsumers(t *testing.T) {
 	sub, err := NewSubscriber(SubscriberConfig{Client: client, ConsumerGroup: group, Consumer: "self", Start: StartHead}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
-	w := sub.newSweeper(stream, "self", sub.logger)
+	w := sub.newPruner(stream, "self", sub.logger)
 	w.age = age
 	removed, err := w.removeDeparted(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"gone"}, removed)
 
-	removed, err = sweepScript.Run(ctx, client, []string{stream}, group, age.Milliseconds(), "busy").StringSlice()
+	removed, err = pruneScript.Run(ctx, client, []string{stream}, group, age.Milliseconds(), "busy").StringSlice()
 	require.NoError(t, err)
 	assert.Empty(t, removed, "the script must check pending entries itself")
 

@@ -73,7 +73,7 @@ func TestSameConsumerNameInOneProcessIsNeverShared(t *testing.T) {
 		m.Ack()
 	}
 	assert.Equal(t, "worker", names[ma], "the first subscription has the bare name")
-	assert.Equal(t, "worker-2", names[mb], "the second takes the next slot")
+	assert.Equal(t, "worker-2", names[mb], "the second takes the next indexed name")
 	tokA, err := e.client.Get(ctx, leaseKeyOf(e.topic, "g", "worker")).Result()
 	require.NoError(t, err)
 	tokB, err := e.client.Get(ctx, leaseKeyOf(e.topic, "g", "worker-2")).Result()
@@ -474,7 +474,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "app", Password: "secret"})
 	t.Cleanup(func() { _ = app.Close() })
 
-	// A consumer that left long ago, for the sweep to remove.
+	// A consumer that left long ago, for pruning to remove.
 	require.NoError(t, e.client.XGroupCreateMkStream(ctx, topic, "g", "0").Err())
 	require.NoError(t, e.client.XGroupCreateConsumer(ctx, topic, "g", "departed").Err())
 

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/echomq/valkeystream/internal/loop"
 )
 
 // Entry fields written by [DefaultMarshaler]. Every metadata key becomes a
@@ -29,7 +31,7 @@ const (
 	// pending entries list: 1 on the first delivery, and it grows with each
 	// Nack, restart drain and reclaim. In fan-out it counts deliveries within
 	// the subscription. Read it with [DeliveryCount].
-	MetadataDeliveryCount = "valkeystream_delivery_count"
+	MetadataDeliveryCount = loop.MetadataDeliveryCount
 	// MetadataEntryID is the stream entry id, such as "1700000000000-0".
 	MetadataEntryID = "valkeystream_entry_id"
 	// MetadataStream is the stream key the entry was read from.

@@ -1,9 +1,6 @@
 package valkeystream
 
-import (
-	"sync/atomic"
-	"time"
-)
+import "time"
 
 // Stats are counters of a Subscriber since it was created, summed over its
 // subscriptions. This is where what each counts is stated; the other
@@ -59,35 +56,21 @@ type Stats struct {
 	InFlight int64
 }
 
-// nackWaited counts a wait of d before a Nacked message is delivered again.
-func (c *counters) nackWaited(d time.Duration) {
-	if d > 0 {
-		c.nackWaits.Add(1)
-		c.nackWaitNanos.Add(int64(d))
-	}
-}
-
-type counters struct {
-	delivered, acked, nacked, drained, reclaimed, missingBodies, invalidEntries, faults atomic.Int64
-	readAhead, inFlight                                                                 atomic.Int64
-	nackWaits, nackWaitNanos                                                            atomic.Int64
-}
-
 // Stats returns the Subscriber's counters and gauges.
 func (s *Subscriber) Stats() Stats {
 	c := &s.stats
 	return Stats{
-		Delivered:       c.delivered.Load(),
-		Acked:           c.acked.Load(),
-		Nacked:          c.nacked.Load(),
-		NackWaits:       c.nackWaits.Load(),
-		NackWaitSeconds: time.Duration(c.nackWaitNanos.Load()).Seconds(),
-		Drained:         c.drained.Load(),
-		Reclaimed:       c.reclaimed.Load(),
-		MissingBodies:   c.missingBodies.Load(),
-		InvalidEntries:  c.invalidEntries.Load(),
-		Faults:          c.faults.Load(),
-		ReadAhead:       c.readAhead.Load(),
-		InFlight:        c.inFlight.Load(),
+		Delivered:       c.Delivered.Load(),
+		Acked:           c.Acked.Load(),
+		Nacked:          c.Nacked.Load(),
+		NackWaits:       c.NackWaits.Load(),
+		NackWaitSeconds: time.Duration(c.NackWaitNanos.Load()).Seconds(),
+		Drained:         c.Drained.Load(),
+		Reclaimed:       c.Reclaimed.Load(),
+		MissingBodies:   c.MissingBodies.Load(),
+		InvalidEntries:  c.InvalidEntries.Load(),
+		Faults:          c.Faults.Load(),
+		ReadAhead:       c.ReadAhead.Load(),
+		InFlight:        c.InFlight.Load(),
 	}
 }

@@ -8,11 +8,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-)
 
-var (
-	_ message.Subscriber           = (*Subscriber)(nil)
-	_ message.SubscribeInitializer = (*Subscriber)(nil)
+	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/sharedread"
 )
 
 // Subscriber reads stream entries as Watermill messages. It implements
@@ -26,22 +24,27 @@ type Subscriber struct {
 	// closing is cancelled by Close; every subscription's context derives
 	// from it.
 	closing context.Context
-	cancel  context.CancelFunc
+	life    lifecycle
+	wg      sync.WaitGroup // one per goroutine Close waits for
 
-	mu     sync.Mutex // guards closed and wg.Add
-	closed bool
-	wg     sync.WaitGroup // one per running subscription
-
-	closeOnce sync.Once
-	closeErr  error
-
-	stats    counters
+	stats    loop.Counters
 	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
 	failover failover // helps the client through a failover; see failover.go
 
-	sharedReads sharedReads  // blocking reads shared by subscriptions; see sharedread.go
-	delayed     delayedMoves // moves due delayed messages; see delay.go
+	shared  *sharedread.Registry // blocking reads shared by subscriptions
+	delayed delayedMoves         // moves due delayed messages; see delay.go
+}
+
+// lifecycle is how far a Subscriber is on its way to closed.
+type lifecycle struct {
+	cancel context.CancelFunc // cancels closing
+
+	mu     sync.Mutex // guards closed and wg.Add
+	closed bool
+
+	once sync.Once // of the client's close
+	err  error
 }
 
 // NewSubscriber returns a Subscriber, or an error wrapping ErrInvalidConfig
@@ -55,12 +58,14 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 		logger = watermill.NopLogger{}
 	}
 	closing, cancel := context.WithCancel(context.Background())
-	return &Subscriber{
+	s := &Subscriber{
 		config:  config,
 		logger:  logger,
 		closing: closing,
-		cancel:  cancel,
-	}, nil
+		life:    lifecycle{cancel: cancel},
+	}
+	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
+	return s, nil
 }
 
 // SubscribeInitialize runs the group door for topic: it creates the consumer
@@ -93,13 +98,31 @@ func (s *Subscriber) closedOr(err error) error {
 // begin registers work that Close must wait for (call s.wg.Done when it
 // ends), or returns ErrSubscriberClosed.
 func (s *Subscriber) begin() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	s.life.mu.Lock()
+	defer s.life.mu.Unlock()
+	if s.life.closed {
 		return ErrSubscriberClosed
 	}
 	s.wg.Add(1)
 	return nil
+}
+
+// spawn runs f in a goroutine that Close waits for. Only work that a
+// subscription starts may spawn: its own count keeps Close from being past
+// Wait.
+func (s *Subscriber) spawn(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// isClosed reports whether Close was called.
+func (s *Subscriber) isClosed() bool {
+	s.life.mu.Lock()
+	defer s.life.mu.Unlock()
+	return s.life.closed
 }
 
 // Subscribe starts a subscription to topic and returns its messages. With a
@@ -147,7 +170,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 	out := make(chan *message.Message)
 	logFields := watermill.LogFields{"topic": topic, "stream": key}
-	var l interface{ run(context.Context) }
+	var run func(context.Context)
 
 	if s.config.ConsumerGroup == "" {
 		start, err := s.fanOutStart(runCtx, key)
@@ -155,9 +178,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, s.closedOr(err)
 		}
-		logger := s.logger.With(logFields)
-		l = &fanOutLoop{sub: s, key: key, out: out, lastID: start, logger: logger,
-			retries: retries{sub: s, logger: logger, health: health}}
+		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
 		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
@@ -166,14 +187,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			return nil, s.closedOr(err)
 		}
 		logFields["consumer"] = lease.name
-		logger := s.logger.With(logFields)
-		gl := newGroupLoop(s, key, lease.name, out, logger)
-		gl.retries.health = health
 		health.setConsumer(lease.name)
-		gl.sweeper = s.newSweeper(key, lease.name, logger)
-		gl.shared = s.joinSharedRead(runCtx, lease.name, key)
-		gl.releaseName = s.keepName(runCtx, cancel, lease, logger)
-		l = gl
+		run = s.newGroupLoop(runCtx, cancel, key, lease, health, s.logger.With(logFields), out).Run
 	}
 
 	s.logger.Debug("Subscribed", logFields)
@@ -184,7 +199,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		defer health.end()
 		defer cancel()
 		defer unwatch()
-		l.run(runCtx)
+		run(runCtx)
 	}()
 	return out, nil
 }
@@ -198,17 +213,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // stated in docs/design.md ("Close"). Acks that do not reach the server mean
 // redeliveries, never loss.
 func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
+	s.life.mu.Lock()
+	s.life.closed = true
+	s.life.mu.Unlock()
+	s.life.cancel()
 	s.wg.Wait()
-	s.closeOnce.Do(func() {
+	s.life.once.Do(func() {
 		if s.config.CloseClient {
 			if err := s.config.Client.Close(); err != nil {
-				s.closeErr = fmt.Errorf("valkeystream: closing the subscriber's client: %w", err)
+				s.life.err = fmt.Errorf("valkeystream: closing the subscriber's client: %w", err)
 			}
 		}
 	})
-	return s.closeErr
+	return s.life.err
 }

@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import (
 	"strings"
@@ -26,7 +26,7 @@ func TestPrefetchFollowsTheHandler(t *testing.T) {
 		{"a handler slower than the window reads one", 2 * time.Second, 1},
 	}
 	for _, tt := range tests {
-		p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
+		p := newPrefetch(100, 10*time.Millisecond, noByteBound)
 		if got := p.count(); got != 1 {
 			t.Fatalf("%s: count before any message = %d, want 1", tt.name, got)
 		}
@@ -39,7 +39,7 @@ func TestPrefetchFollowsTheHandler(t *testing.T) {
 
 func TestPrefetchAdaptsBothWays(t *testing.T) {
 	t0 := time.Unix(0, 0)
-	p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
+	p := newPrefetch(100, 10*time.Millisecond, noByteBound)
 	for range 20 {
 		p.handedOver(t0)
 		p.settled(t0.Add(100 * time.Millisecond))
@@ -56,8 +56,8 @@ func TestPrefetchAdaptsBothWays(t *testing.T) {
 	}
 }
 
-func TestPrefetchFullBatches(t *testing.T) {
-	p := newPrefetch(100, FullBatches, NoReadAheadLimit)
+func TestPrefetchfullBatches(t *testing.T) {
+	p := newPrefetch(100, fullBatches, noByteBound)
 	if got := p.count(); got != 100 {
 		t.Fatalf("count before any message = %d, want 100", got)
 	}
@@ -85,12 +85,12 @@ func TestPrefetchBoundsReadsInBytes(t *testing.T) {
 		wantBatch  int64
 		wantBefore int64 // count before any entry was seen
 	}{
-		{"small entries read full batches", FullBatches, 8 << 20, 100, 100, 100, 1},
-		{"256 KiB entries read four in 1 MiB", FullBatches, 1 << 20, 256 << 10, 4, 4, 1},
-		{"entries above the bound read one", FullBatches, 1 << 20, 4 << 20, 1, 1, 1},
+		{"small entries read full batches", fullBatches, 8 << 20, 100, 100, 100, 1},
+		{"256 KiB entries read four in 1 MiB", fullBatches, 1 << 20, 256 << 10, 4, 4, 1},
+		{"entries above the bound read one", fullBatches, 1 << 20, 4 << 20, 1, 1, 1},
 		{"the window still caps", 10 * time.Millisecond, 8 << 20, 100, 10, 100, 1},
 		{"the byte bound caps below the window", 10 * time.Millisecond, 1 << 20, 256 << 10, 4, 4, 1},
-		{"no byte bound", FullBatches, NoReadAheadLimit, 4 << 20, 100, 100, 100},
+		{"no byte bound", fullBatches, noByteBound, 4 << 20, 100, 100, 100},
 	}
 	t0 := time.Unix(0, 0)
 	for _, tt := range tests {
@@ -113,7 +113,7 @@ func TestPrefetchBoundsReadsInBytes(t *testing.T) {
 }
 
 func TestPrefetchSizeFollowsTheEntries(t *testing.T) {
-	p := newPrefetch(100, FullBatches, 1<<20)
+	p := newPrefetch(100, fullBatches, 1<<20)
 	for range 50 {
 		p.read(entryOf(1 << 20))
 	}
@@ -129,7 +129,7 @@ func TestPrefetchSizeFollowsTheEntries(t *testing.T) {
 }
 
 func TestPrefetchReadDoesNotAllocate(t *testing.T) {
-	p := newPrefetch(100, FullBatches, 1<<20)
+	p := newPrefetch(100, fullBatches, 1<<20)
 	fields := map[string]any{"uuid": "abc", "payload": "0123456789", "n": int64(3)}
 	if got := testing.AllocsPerRun(100, func() { p.read(fields) }); got != 0 {
 		t.Errorf("allocations per read = %v, want 0", got)
@@ -138,7 +138,7 @@ func TestPrefetchReadDoesNotAllocate(t *testing.T) {
 
 func TestPrefetchSettledWithin(t *testing.T) {
 	t0 := time.Unix(0, 0)
-	p := newPrefetch(100, 10*time.Millisecond, NoReadAheadLimit)
+	p := newPrefetch(100, 10*time.Millisecond, noByteBound)
 	if got := p.settledWithin(time.Millisecond); got != 0 {
 		t.Fatalf("before any message: %d, want 0", got)
 	}
@@ -153,3 +153,9 @@ func TestPrefetchSettledWithin(t *testing.T) {
 		t.Errorf("100 µs a message, within 50 µs: %d, want 0", got)
 	}
 }
+
+// The values of valkeystream.NoReadAheadLimit and FullBatches.
+const (
+	noByteBound int64 = -1
+	fullBatches       = time.Duration(-1)
+)

@@ -1,55 +1,54 @@
-package valkeystream
+package loop
 
-import (
-	"fmt"
-
-	"github.com/redis/go-redis/v9"
-)
+import "fmt"
 
 // parseAutoClaim reads an XAUTOCLAIM reply: the next cursor, the claimed
 // entries, the ids the server dropped because their bodies are gone (Redis 7
 // and later, Valkey), and how many claimed entries came back as a bare null
 // (Redis 6.2 reports a claimed entry whose body is gone that way, without its
 // id, and keeps it pending for the claiming consumer).
-func parseAutoClaim(reply []any) (next string, msgs []redis.XMessage, deleted []string, nulls int, err error) {
+func parseAutoClaim(reply []any) (Claimed, error) {
+	var c Claimed
 	if len(reply) < 2 {
-		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
+		return Claimed{}, fmt.Errorf("unexpected XAUTOCLAIM reply with %d elements", len(reply))
 	}
 	next, ok := reply[0].(string)
+	c.Next = next
 	if !ok {
-		return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
+		return Claimed{}, fmt.Errorf("unexpected XAUTOCLAIM cursor of type %T", reply[0])
 	}
 	list, _ := reply[1].([]any)
 	for _, item := range list {
 		if item == nil {
-			nulls++
+			c.Nulls++
 			continue
 		}
 		pair, ok := item.([]any)
 		if !ok || len(pair) != 2 {
-			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
+			return Claimed{}, fmt.Errorf("unexpected XAUTOCLAIM entry %v", item)
 		}
 		id, ok := pair[0].(string)
 		if !ok {
-			return "", nil, nil, 0, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
+			return Claimed{}, fmt.Errorf("unexpected XAUTOCLAIM entry id of type %T", pair[0])
 		}
-		m := redis.XMessage{ID: id}
+		e := Entry{ID: id}
 		if pair[1] != nil {
-			if m.Values, err = fieldMap(pair[1]); err != nil {
-				return "", nil, nil, 0, err
+			var err error
+			if e.Fields, err = fieldMap(pair[1]); err != nil {
+				return Claimed{}, err
 			}
 		}
-		msgs = append(msgs, m)
+		c.Entries = append(c.Entries, e)
 	}
 	if len(reply) >= 3 {
 		ids, _ := reply[2].([]any)
 		for _, v := range ids {
 			if id, ok := v.(string); ok {
-				deleted = append(deleted, id)
+				c.Deleted = append(c.Deleted, id)
 			}
 		}
 	}
-	return next, msgs, deleted, nulls, nil
+	return c, nil
 }
 
 // fieldMap turns an entry's field list (or map, in RESP3) into a map.
@@ -83,36 +82,29 @@ func fieldMap(v any) (map[string]any, error) {
 	}
 }
 
-// claimBackReply is the answer of claimBackScript.
-type claimBackReply struct {
-	status string // "ok", "gone", "taken" or "missing"
-	count  int64  // the delivery count, with "ok"
-	fields map[string]any
-}
-
 // parseClaimBack reads the reply of claimBackScript.
-func parseClaimBack(reply []any) (claimBackReply, error) {
+func parseClaimBack(reply []any) (ClaimedBack, error) {
 	if len(reply) == 0 {
-		return claimBackReply{}, fmt.Errorf("empty reply to the nack claim")
+		return ClaimedBack{}, fmt.Errorf("empty reply to the nack claim")
 	}
 	status, _ := reply[0].(string)
 	switch status {
 	case "gone", "taken", "missing":
-		return claimBackReply{status: status}, nil
+		return ClaimedBack{Status: status}, nil
 	case "ok":
 	default:
-		return claimBackReply{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+		return ClaimedBack{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
 	}
 	if len(reply) != 3 {
-		return claimBackReply{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
+		return ClaimedBack{}, fmt.Errorf("unexpected reply to the nack claim: %v", reply)
 	}
 	count, ok := reply[1].(int64)
 	if !ok {
-		return claimBackReply{}, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
+		return ClaimedBack{}, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
 	}
 	fields, err := fieldMap(reply[2])
 	if err != nil {
-		return claimBackReply{}, err
+		return ClaimedBack{}, err
 	}
-	return claimBackReply{status: status, count: count, fields: fields}, nil
+	return ClaimedBack{Status: status, Count: count, Fields: fields}, nil
 }

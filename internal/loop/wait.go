@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import (
 	"context"
@@ -6,10 +6,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
-
-// closeFlushTimeout bounds how long Close waits for the last Acks to reach
-// the server (see [Subscriber.Close]).
-const closeFlushTimeout = 5 * time.Second
 
 // outcome is how a delivery ended.
 type outcome int
@@ -33,9 +29,9 @@ const (
 	evNacked
 	evTimer   // the delay passed
 	evFlush   // Acks are due
-	evRenew   // the hold on held entries is due for renewal
+	evHold    // the hold on held entries is due
 	evRead    // a read sent ahead has its reply
-	evAckSent // an XACK sent while delivering has its reply
+	evAckSent // an XACK sent on its own has its reply
 )
 
 // waits is what a loop waits for; a nil channel never fires. Every wait of a
@@ -49,7 +45,7 @@ type waits struct {
 	nacked  <-chan struct{}
 	timer   <-chan time.Time
 	flush   <-chan time.Time
-	renew   <-chan time.Time
+	hold    <-chan time.Time
 	read    <-chan struct{}
 	ackSent <-chan struct{}
 }
@@ -67,8 +63,8 @@ func (w *waits) next(ctx context.Context) event {
 		return evTimer
 	case <-w.flush:
 		return evFlush
-	case <-w.renew:
-		return evRenew
+	case <-w.hold:
+		return evHold
 	case <-w.read:
 		return evRead
 	case <-w.ackSent:
@@ -107,4 +103,54 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	w := waits{timer: t.C}
 	return w.next(ctx) == evTimer
+}
+
+// arm sets the channels of the loop's background work in w: due Acks, the
+// hold beat while it holds entries, the reads sent ahead and the Acks on
+// their way.
+func (l *Group) arm(w *waits) {
+	w.flush, w.hold = l.acks.due(), l.hold.due(l.held.holding())
+	w.read, w.ackSent = l.ahead.trip.doneChan(), l.acks.sent()
+}
+
+// background does the loop's background work that ev asks for, while it
+// waits for a handler or a delay, and reports whether ev was one (else the
+// caller handles it). taken reports a hold beat that found the entry in
+// flight taken over by another consumer.
+func (l *Group) background(ctx context.Context, ev event) (handled, taken bool) {
+	switch ev {
+	case evRead:
+		l.landWhileBusy()
+		l.decodeNext()
+	case evAckSent:
+		l.acks.land()
+	case evFlush:
+		l.acks.send(ctx, l.deps.Server)
+	case evHold:
+		taken = l.keepHold(ctx)
+	default:
+		return false, false
+	}
+	return true, taken
+}
+
+// pause waits for d or until ctx ends, doing the loop's background work
+// meanwhile, and reports whether d passed.
+func (l *Group) pause(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	w := waits{timer: t.C}
+	for {
+		l.arm(&w)
+		ev := w.next(ctx)
+		if ev == evTimer {
+			return true
+		}
+		if handled, _ := l.background(ctx, ev); !handled {
+			return false
+		}
+	}
 }

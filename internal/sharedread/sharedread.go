@@ -1,16 +1,5 @@
-package valkeystream
-
-import (
-	"context"
-	"fmt"
-	"sync"
-	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/redis/go-redis/v9"
-)
-
-// Shared reads. A group subscription whose queue is empty, and whose read
+// Package sharedread shares blocking reads among group subscriptions. A
+// group subscription whose queue is empty, and whose read
 // that does not block found nothing, waits for new entries. Instead of a
 // blocking read of its own, over a connection of its own, it registers its
 // stream with the shared reader of its consumer name: one goroutine and one
@@ -60,51 +49,70 @@ import (
 //
 // Only a *redis.Client (a failover client included) shares reads: in a
 // cluster the keys of one XREADGROUP must share a slot, so a cluster
-// subscription keeps its blocking reader of its own (reader.go). Without
+// subscription keeps its blocking reader of its own (internal/loop). Without
 // the permission to run CLIENT ID and CLIENT UNBLOCK, the Subscriber falls
 // back to blocking readers of their own, and logs it once.
+package sharedread
 
-// sharedReadStreams is the most streams one shared reader reads: the server
-// walks every key of a blocked read when it is sent, when an entry wakes it
-// and when it returns (about 2.7 us per key in all on Redis 7.0), and a read
-// is sent about once per message delivered, so the work of one message
-// grows with this; more subscriptions take more readers (and connections).
-const sharedReadStreams = 64
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/loop"
+)
+
+// maxStreams is the most streams one shared reader reads: the server walks
+// every key of a blocked read when it is sent, when an entry wakes it and
+// when it returns (about 2.7 us per key in all on Redis 7.0), and a read is
+// sent about once per message delivered, so the work of one message grows
+// with this; more subscriptions take more readers (and connections).
+const maxStreams = 64
 
 // unblockRetryMax bounds the pause between two tries of an interrupt whose
 // read has not reached the server yet.
 const unblockRetryMax = 5 * time.Millisecond
 
-// sharedReads holds a Subscriber's shared readers, by consumer name.
-type sharedReads struct {
+// Registry holds a Subscriber's shared readers, by consumer name.
+type Registry struct {
+	client *redis.Client // the user's; nil: the client cannot share reads
+	group  string
+	block  time.Duration
+	logger watermill.LoggerAdapter
+	faults *atomic.Int64
+	spawn  func(func()) // runs a goroutine the Subscriber's Close waits for
+
 	mu     sync.Mutex
 	off    bool // the client lacks a permission: subscriptions read on their own
-	byName map[string][]*sharedReader
+	byName map[string][]*reader
 }
 
-// sharedReader is one shared read loop, for one consumer name, over its own
+// NewRegistry returns the shared readers of a Subscriber whose client is
+// client, reading for group with BlockTime block. Only a *redis.Client (a
+// failover client included) shares reads; with any other client Join
+// returns nil. spawn runs each reader's goroutines.
+func NewRegistry(client redis.UniversalClient, group string, block time.Duration, logger watermill.LoggerAdapter, faults *atomic.Int64, spawn func(func())) *Registry {
+	c, _ := client.(*redis.Client)
+	return &Registry{client: c, group: group, block: block, logger: logger, faults: faults, spawn: spawn}
+}
+
+// reader is one shared read loop, for one consumer name, over its own
 // connection.
-type sharedReader struct {
-	sub      *Subscriber
+type reader struct {
+	reg      *Registry
 	client   *redis.Client // its own: one connection
-	group    string
 	consumer string
-	block    time.Duration
 	logger   watermill.LoggerAdapter
 
-	mu          sync.Mutex
-	connID      int64 // CLIENT ID of the connection, learned when it connects
-	members     map[string]*sharedMember
-	ending      bool   // no members left: end after the read in flight
-	reading     bool   // a read is in flight
-	readSeq     uint64 // of the read in flight, or of the last one
-	readCount   int64
-	interrupted bool   // an interrupt was asked for the read in flight
-	interruptOf uint64 // readSeq of the read the last interrupt is for
-
-	wake chan struct{} // tells the read loop that something changed
-	kick chan struct{} // asks the interrupter to interrupt the read in flight
-	done chan struct{} // closed when the read loop ends
+	mu      sync.Mutex
+	connID  int64 // CLIENT ID of the connection, learned when it connects
+	members map[string]*Member
+	st      readState
+	sig     signals
 
 	// Owned by the read loop, reused by every read: a read is sent about
 	// once per message delivered.
@@ -112,89 +120,96 @@ type sharedReader struct {
 	args []any
 }
 
-// sharedMember is one subscription of a shared reader.
-type sharedMember struct {
+// readState is where a reader's read stands; reader.mu guards it.
+type readState struct {
+	ending      bool   // no members left: end after the read in flight
+	reading     bool   // a read is in flight
+	seq         uint64 // of the read in flight, or of the last one
+	count       int64  // COUNT of the read in flight
+	interrupted bool   // an interrupt was asked for the read in flight
+	interruptOf uint64 // seq of the read the last interrupt is for
+}
+
+// signals are the channels between a reader's goroutines.
+type signals struct {
+	wake chan struct{} // tells the read loop that something changed
+	kick chan struct{} // asks the interrupter to interrupt the read in flight
+	done chan struct{} // closed when the read loop ends
+}
+
+// Member is one subscription of a shared reader: the loop.Waiter of that
+// subscription. Its fields are guarded by its reader's mu.
+type Member struct {
+	r        *reader
+	name     string                // the stream key
 	key      any                   // the stream key, as a command argument
-	inRead   uint64                // readSeq of the last read of its stream
+	inRead   uint64                // seq of the last read of its stream
 	count    int64                 // prefetch count of the last wait
 	got      chan sharedReadResult // of the wait in progress; nil when not waiting
-	covered  bool                  // read while not waiting (see above)
-	parked   []redis.XMessage      // read while not waiting, for the next wait
+	covered  bool                  // read while not waiting (see the package doc)
+	parked   []loop.Entry          // read while not waiting, for the next wait
 	parkedAt time.Time             // when the first of parked was read
 	failed   error                 // of a read while not waiting, for the next wait
 }
 
 type sharedReadResult struct {
-	msgs []redis.XMessage
-	full bool // the read brought all it asked for: more may wait
-	err  error
+	entries []loop.Entry
+	full    bool // the read brought all it asked for: more may wait
+	err     error
 }
 
-// joinSharedRead returns the shared reader that the subscription of stream
+// Join returns the share of a shared reader that the subscription of stream
 // key, under consumer name consumer, waits with, or nil when it reads on its
 // own: a client other than a *redis.Client, or one that lacks a permission
 // the shared reader needs.
-func (s *Subscriber) joinSharedRead(ctx context.Context, consumer, key string) *sharedReader {
-	client, ok := s.config.Client.(*redis.Client)
-	if !ok {
+func (reg *Registry) Join(ctx context.Context, consumer, key string) *Member {
+	if reg.client == nil {
 		return nil
 	}
-	reads := &s.sharedReads
-	reads.mu.Lock()
-	defer reads.mu.Unlock()
-	if reads.off {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if reg.off {
 		return nil
 	}
-	for _, r := range reads.byName[consumer] {
-		if r.join(key) {
-			return r
+	for _, r := range reg.byName[consumer] {
+		if m := r.join(key); m != nil {
+			return m
 		}
 	}
-	r, err := s.newSharedReader(ctx, client, consumer)
+	r, err := reg.newReader(ctx, consumer)
 	if err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
-			reads.off = true
-			s.logger.Info("The client may not run CLIENT ID or CLIENT UNBLOCK: every subscription reads new entries over a connection of its own. "+
-				"Allow client|id and client|unblock for this client to share one connection among many subscriptions (see the permissions in docs/design.md)",
+			reg.off = true
+			reg.logger.Info("The client may not run a command that shared reads need (its error names it): every subscription reads new entries over a connection of its own. "+
+				"Allow it for this client to share one connection among many subscriptions (see the permissions in docs/design.md)",
 				watermill.LogFields{"error": err.Error()})
 		} else {
-			s.logger.Debug("Could not start a shared reader; the subscription reads on its own", watermill.LogFields{"error": err.Error()})
+			reg.logger.Debug("Could not start a shared reader; the subscription reads on its own", watermill.LogFields{"error": err.Error()})
 		}
 		return nil
 	}
-	if reads.byName == nil {
-		reads.byName = map[string][]*sharedReader{}
+	if reg.byName == nil {
+		reg.byName = map[string][]*reader{}
 	}
-	reads.byName[consumer] = append(reads.byName[consumer], r)
-	r.join(key)
-	s.wg.Add(2) // the caller's subscription holds a count, so Close cannot be past Wait
-	go func() {
-		defer s.wg.Done()
-		r.readLoop()
-	}()
-	go func() {
-		defer s.wg.Done()
-		r.interrupter()
-	}()
-	return r
+	reg.byName[consumer] = append(reg.byName[consumer], r)
+	m := r.join(key)
+	reg.spawn(r.readLoop)
+	reg.spawn(r.interrupter)
+	return m
 }
 
-// newSharedReader connects a shared reader and checks that the client may
+// newReader connects a shared reader and checks that the client may
 // interrupt it: its connection learns its CLIENT ID, and the user's client
 // sends CLIENT UNBLOCK for it (answered 0: nothing is blocked yet).
-func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, consumer string) (*sharedReader, error) {
-	r := &sharedReader{
-		sub:      s,
-		group:    s.config.ConsumerGroup,
+func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, error) {
+	r := &reader{
+		reg:      reg,
 		consumer: consumer,
-		block:    s.config.BlockTime,
-		logger:   s.logger.With(watermill.LogFields{"consumer_group": s.config.ConsumerGroup, "consumer": consumer}),
-		members:  map[string]*sharedMember{},
-		wake:     make(chan struct{}, 1),
-		kick:     make(chan struct{}, 1),
-		done:     make(chan struct{}),
+		logger:   reg.logger.With(watermill.LogFields{"consumer_group": reg.group, "consumer": consumer}),
+		members:  map[string]*Member{},
+		sig:      signals{wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})},
 	}
-	opt := oneConnection(user.Options())
+	opt := loop.OneConnection(reg.client.Options())
 	// Its reads block up to BlockTime: their replies may take that long and
 	// more, as go-redis allows its own blocking reads. (An initialised
 	// ReadTimeout of 0 is none, which -1 keeps when the options are
@@ -203,7 +218,7 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 	case opt.ReadTimeout == 0:
 		opt.ReadTimeout = -1
 	case opt.ReadTimeout > 0:
-		opt.ReadTimeout = max(opt.ReadTimeout, s.config.BlockTime+10*time.Second)
+		opt.ReadTimeout = max(opt.ReadTimeout, reg.block+10*time.Second)
 	}
 	userOnConnect := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
@@ -224,7 +239,7 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 	r.client = redis.NewClient(opt)
 	err := r.client.Ping(ctx).Err()
 	if err == nil {
-		err = user.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err()
+		err = reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err()
 	}
 	if err != nil {
 		_ = r.client.Close()
@@ -233,83 +248,75 @@ func (s *Subscriber) newSharedReader(ctx context.Context, user *redis.Client, co
 	return r, nil
 }
 
-func (r *sharedReader) id() int64 {
+func (r *reader) id() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.connID
 }
 
 // join adds the subscription of key, unless the reader is full or ending.
-func (r *sharedReader) join(key string) bool {
+func (r *reader) join(key string) *Member {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ending || len(r.members) >= sharedReadStreams {
-		return false
+	if r.st.ending || len(r.members) >= maxStreams {
+		return nil
 	}
-	r.members[key] = &sharedMember{key: key}
-	return true
+	m := &Member{r: r, name: key, key: key}
+	r.members[key] = m
+	return m
 }
 
-// leave removes the subscription of key, which ended, and returns the ids
-// of the entries parked for it, to hand back. A read in flight that brings
-// entries for key hands them back itself. The last member to leave ends
-// the reader.
-func (r *sharedReader) leave(key string) []string {
-	reads := &r.sub.sharedReads
-	reads.mu.Lock()
-	defer reads.mu.Unlock()
+// Leave removes the subscription, which ended, and returns the ids of the
+// entries parked for it, to hand back. A read in flight that brings entries
+// for it hands them back itself. The last member to leave ends the reader.
+func (m *Member) Leave() []string {
+	r := m.r
+	reg := r.reg
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m := r.members[key]
-	delete(r.members, key)
+	delete(r.members, m.name)
 	var ids []string
-	if m != nil {
-		for _, e := range m.parked {
-			ids = append(ids, e.ID)
-		}
+	for _, e := range m.parked {
+		ids = append(ids, e.ID)
 	}
+	m.parked = nil
 	if len(r.members) == 0 {
-		r.ending = true
-		list := reads.byName[r.consumer]
+		r.st.ending = true
+		list := reg.byName[r.consumer]
 		for i, x := range list {
 			if x == r {
-				reads.byName[r.consumer] = append(list[:i:i], list[i+1:]...)
+				reg.byName[r.consumer] = append(list[:i:i], list[i+1:]...)
 				break
 			}
 		}
-		if len(reads.byName[r.consumer]) == 0 {
-			delete(reads.byName, r.consumer)
+		if len(reg.byName[r.consumer]) == 0 {
+			delete(reg.byName, r.consumer)
 		}
 		r.interruptLocked(true)
-		signal(r.wake)
+		signal(r.sig.wake)
 	}
 	return ids
 }
 
-// covers reports whether the reads of r cover key while its subscription
-// does not wait: it must not read new entries on its own then.
-func (r *sharedReader) covers(key string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.members[key]
-	return m != nil && m.covered
+// Covers reports whether the reads of its reader cover the subscription's
+// stream while it does not wait: it must not read new entries on its own
+// then.
+func (m *Member) Covers() bool {
+	m.r.mu.Lock()
+	defer m.r.mu.Unlock()
+	return m.covered
 }
 
-// sharedWait is what a wait brought.
-type sharedWait struct {
-	msgs  []redis.XMessage
-	full  bool      // more may wait
-	since time.Time // for parked entries: when they were read; zero otherwise
-}
-
-// wait waits up to d (for ever when d is negative), or until ctx ends, for
-// new entries of key, at most count of them. Entries parked for key are
-// returned at once, with the time they were read.
-func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time.Duration) (sharedWait, error) {
+// Wait waits up to d (for ever when d is negative), or until ctx ends, for
+// new entries of the subscription's stream, at most count of them. Entries
+// parked for it are returned at once, with the time they were read.
+func (m *Member) Wait(ctx context.Context, count int64, d time.Duration) (loop.Waited, error) {
+	r := m.r
 	r.mu.Lock()
-	m := r.members[key]
 	if len(m.parked) > 0 {
-		w := sharedWait{msgs: m.parked, full: !m.covered, since: m.parkedAt}
+		w := loop.Waited{Entries: m.parked, Full: !m.covered, Since: m.parkedAt}
 		m.parked = nil
 		r.mu.Unlock()
 		return w, nil
@@ -320,14 +327,14 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time
 		// own, and drains its pending entries before it reads anything new.
 		m.failed, m.covered = nil, false
 		r.mu.Unlock()
-		return sharedWait{}, err
+		return loop.Waited{}, err
 	}
 	got := make(chan sharedReadResult, 1)
 	m.got, m.count = got, count
-	if r.reading && (m.inRead != r.readSeq || count < r.readCount) {
+	if r.st.reading && (m.inRead != r.st.seq || count < r.st.count) {
 		r.interruptLocked(false)
 	}
-	signal(r.wake)
+	signal(r.sig.wake)
 	r.mu.Unlock()
 
 	var timeout <-chan time.Time
@@ -338,16 +345,17 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time
 	}
 	select {
 	case res := <-got:
-		return sharedWait{msgs: res.msgs, full: res.full}, res.err
+		return loop.Waited{Entries: res.entries, Full: res.full}, res.err
 	case <-timeout:
 	case <-ctx.Done():
 	}
 	r.mu.Lock()
 	if m.got == got {
 		m.got = nil // still waiting: nothing came
-		if r.reading && m.inRead == r.readSeq {
-			// The read in flight may yet bring entries of key: it parks
-			// them, and the subscription may not read on its own before.
+		if r.st.reading && m.inRead == r.st.seq {
+			// The read in flight may yet bring entries of the stream: it
+			// parks them, and the subscription may not read on its own
+			// before.
 			m.covered = true
 		}
 	}
@@ -356,21 +364,21 @@ func (r *sharedReader) wait(ctx context.Context, key string, count int64, d time
 	case res := <-got:
 		// It came while the wait ended: the loop queues it (and, when it
 		// ends, hands it back).
-		return sharedWait{msgs: res.msgs, full: res.full}, res.err
+		return loop.Waited{Entries: res.entries, Full: res.full}, res.err
 	default:
-		return sharedWait{}, nil
+		return loop.Waited{}, nil
 	}
 }
 
 // interruptLocked asks the interrupter to end the read in flight, if any,
 // and if no interrupt was asked for it yet (or always, when the reader
 // ends). r.mu is held.
-func (r *sharedReader) interruptLocked(always bool) {
-	if !r.reading || (r.interrupted && !always) {
+func (r *reader) interruptLocked(always bool) {
+	if !r.st.reading || (r.st.interrupted && !always) {
 		return
 	}
-	r.interrupted, r.interruptOf = true, r.readSeq
-	signal(r.kick)
+	r.st.interrupted, r.st.interruptOf = true, r.st.seq
+	signal(r.sig.kick)
 }
 
 // signal wakes the goroutine that waits on c, without blocking.
@@ -383,21 +391,21 @@ func signal(c chan struct{}) {
 
 // readLoop sends the shared read while subscriptions wait, and hands out
 // what it brings, until the last member has left.
-func (r *sharedReader) readLoop() {
-	defer close(r.done)
+func (r *reader) readLoop() {
+	defer close(r.sig.done)
 	defer func() { _ = r.client.Close() }()
 	for {
 		r.mu.Lock()
-		for !r.ending && !r.nextReadLocked() {
+		for !r.st.ending && !r.nextReadLocked() {
 			r.mu.Unlock()
-			<-r.wake
+			<-r.sig.wake
 			r.mu.Lock()
 		}
-		if r.ending {
+		if r.st.ending {
 			r.mu.Unlock()
 			return
 		}
-		r.reading, r.interrupted = true, false
+		r.st.reading, r.st.interrupted = true, false
 		r.mu.Unlock()
 
 		// Never cancelled: it ends within BlockTime, or at once by an
@@ -414,15 +422,14 @@ var streamsFrom any = ">"
 
 // nextReadLocked prepares the next read, of the streams of the waiting
 // members and of the covered ones with nothing parked (and no failure to
-// report), asking for the
-// smallest count they asked for, and reports whether there is any. r.mu is
-// held.
-func (r *sharedReader) nextReadLocked() bool {
+// report), asking for the smallest count they asked for, and reports
+// whether there is any. r.mu is held.
+func (r *reader) nextReadLocked() bool {
 	r.keys = r.keys[:0]
-	r.args = append(r.args[:0], "XREADGROUP", "GROUP", r.group, r.consumer, "COUNT", nil,
-		"BLOCK", r.block.Milliseconds(), "STREAMS")
+	r.args = append(r.args[:0], "XREADGROUP", "GROUP", r.reg.group, r.consumer, "COUNT", nil,
+		"BLOCK", r.reg.block.Milliseconds(), "STREAMS")
 	var count int64
-	seq := r.readSeq + 1
+	seq := r.st.seq + 1
 	for k, m := range r.members {
 		if m.got == nil && (!m.covered || len(m.parked) > 0 || m.failed != nil) {
 			continue
@@ -440,22 +447,22 @@ func (r *sharedReader) nextReadLocked() bool {
 	for range r.keys {
 		r.args = append(r.args, streamsFrom)
 	}
-	r.readSeq, r.readCount = seq, max(count, 1)
-	r.args[5] = r.readCount
+	r.st.seq, r.st.count = seq, max(count, 1)
+	r.args[5] = r.st.count
 	return true
 }
 
 // handOut gives each waiting member what the read of keys brought (or its
 // error), parks the entries of members that stopped waiting, and hands back
 // those of streams whose subscription ended.
-func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
+func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 	if err == redis.Nil {
 		err = nil
 	}
 	var back map[string][]string
 	now := time.Now()
 	r.mu.Lock()
-	r.reading = false
+	r.st.reading = false
 	if err != nil {
 		for _, k := range keys {
 			switch m := r.members[k]; {
@@ -482,17 +489,21 @@ func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
 			}
 			continue
 		}
-		full := int64(len(s.Messages)) >= r.readCount
-		m.covered = !full // a full read: the subscription reads on its own, see above
+		entries := make([]loop.Entry, len(s.Messages))
+		for i, e := range s.Messages {
+			entries[i] = loop.Entry{ID: e.ID, Fields: e.Values}
+		}
+		full := int64(len(entries)) >= r.st.count
+		m.covered = !full // a full read: the subscription reads on its own, see the package doc
 		if m.got != nil {
-			m.got <- sharedReadResult{msgs: s.Messages, full: full}
+			m.got <- sharedReadResult{entries: entries, full: full}
 			m.got = nil
 			continue
 		}
 		if len(m.parked) == 0 {
 			m.parkedAt = now
 		}
-		m.parked = append(m.parked, s.Messages...)
+		m.parked = append(m.parked, entries...)
 	}
 	r.mu.Unlock()
 	if len(back) > 0 {
@@ -502,15 +513,15 @@ func (r *sharedReader) handOut(keys []string, res []redis.XStream, err error) {
 
 // handBack hands back entries that a read brought for subscriptions that
 // had ended, so that a peer takes them at its next claim beat.
-func (r *sharedReader) handBack(back map[string][]string) {
-	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+func (r *reader) handBack(back map[string][]string) {
+	ctx, cancel := context.WithTimeout(context.Background(), loop.CloseFlushTimeout)
 	defer cancel()
-	pipe := r.sub.config.Client.Pipeline()
+	pipe := r.reg.client.Pipeline()
 	for key, ids := range back {
-		pipe.Do(ctx, handBackArgs(key, r.group, r.consumer, ids)...)
+		pipe.Do(ctx, loop.HandBackArgs(key, r.reg.group, r.consumer, ids)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		r.sub.stats.faults.Add(1)
+		r.reg.faults.Add(1)
 		r.logger.Error("Handing back entries read for subscriptions that had ended failed; peers reclaim them after ClaimMinIdle, or this consumer name drains them when it subscribes again",
 			err, watermill.LogFields{"streams": len(back)})
 		return
@@ -521,22 +532,22 @@ func (r *sharedReader) handBack(back map[string][]string) {
 // interrupter ends the read in flight when asked (kick): it sends CLIENT
 // UNBLOCK for the reader's connection through the user's client, again
 // shortly while the server answers 0 and the same read is outstanding.
-func (r *sharedReader) interrupter() {
+func (r *reader) interrupter() {
 	for {
 		select {
-		case <-r.done:
+		case <-r.sig.done:
 			return
-		case <-r.kick:
+		case <-r.sig.kick:
 		}
 		r.mu.Lock()
-		seq := r.interruptOf
-		reading := r.reading && r.readSeq == seq
+		seq := r.st.interruptOf
+		reading := r.st.reading && r.st.seq == seq
 		r.mu.Unlock()
 		pause := 50 * time.Microsecond
 		for reading {
-			n, err := r.sub.config.Client.Do(context.Background(), "CLIENT", "UNBLOCK", r.id()).Int()
+			n, err := r.reg.client.Do(context.Background(), "CLIENT", "UNBLOCK", r.id()).Int()
 			if err != nil {
-				r.sub.stats.faults.Add(1)
+				r.reg.faults.Add(1)
 				r.logger.Error("Interrupting the shared read failed; waiting subscriptions read again when it times out (BlockTime)", err, nil)
 				break
 			}
@@ -545,43 +556,15 @@ func (r *sharedReader) interrupter() {
 			}
 			t := time.NewTimer(pause)
 			select {
-			case <-r.done:
+			case <-r.sig.done:
 				t.Stop()
 				return
 			case <-t.C:
 			}
 			pause = min(2*pause, unblockRetryMax)
 			r.mu.Lock()
-			reading = r.reading && r.readSeq == seq
+			reading = r.st.reading && r.st.seq == seq
 			r.mu.Unlock()
 		}
-	}
-}
-
-// readShared waits for new entries with the loop's shared reader and
-// queues them.
-func (l *groupLoop) readShared(ctx context.Context) error {
-	w, err := l.shared.wait(ctx, l.key, l.prefetch.count(), l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
-	if err != nil {
-		return fmt.Errorf("reading new entries: %w", err)
-	}
-	l.more = w.full
-	if !w.since.IsZero() && time.Since(w.since) >= l.cfg.ClaimMinIdle/2 {
-		// Parked long enough that a peer may have reclaimed them: check
-		// that they are still this consumer's, with their counts.
-		if _, err := l.enqueueWithCounts(ctx, w.msgs); err != nil {
-			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
-		}
-		return nil
-	}
-	l.enqueueNew([]redis.XStream{{Stream: l.key, Messages: w.msgs}})
-	return nil
-}
-
-// leaveShared leaves the loop's shared reader, if any, when the loop ends;
-// the entries parked for it are handed back with the loop's others.
-func (l *groupLoop) leaveShared() {
-	if l.shared != nil {
-		l.giveBack = append(l.giveBack, l.shared.leave(l.key)...)
 	}
 }

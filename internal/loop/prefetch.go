@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import "time"
 

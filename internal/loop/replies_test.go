@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import (
 	"testing"
@@ -45,17 +45,17 @@ func TestParseAutoClaim(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			next, msgs, deleted, nulls, err := parseAutoClaim(tt.reply)
+			c, err := parseAutoClaim(tt.reply)
 			require.NoError(t, err)
-			assert.Equal(t, tt.wantNulls, nulls)
-			assert.Equal(t, tt.wantNext, next)
-			assert.Equal(t, tt.wantDeleted, deleted)
-			require.Len(t, msgs, len(tt.wantIDs))
-			for i, m := range msgs {
+			assert.Equal(t, tt.wantNulls, c.Nulls)
+			assert.Equal(t, tt.wantNext, c.Next)
+			assert.Equal(t, tt.wantDeleted, c.Deleted)
+			require.Len(t, c.Entries, len(tt.wantIDs))
+			for i, m := range c.Entries {
 				assert.Equal(t, tt.wantIDs[i], m.ID)
-				assert.Equal(t, tt.wantNil[i], m.Values == nil, "entry %s body", m.ID)
-				if m.Values != nil {
-					assert.Equal(t, "a", m.Values["uuid"])
+				assert.Equal(t, tt.wantNil[i], m.Fields == nil, "entry %s body", m.ID)
+				if m.Fields != nil {
+					assert.Equal(t, "a", m.Fields["uuid"])
 				}
 			}
 		})
@@ -70,7 +70,7 @@ func TestParseAutoClaimRejectsMalformedReplies(t *testing.T) {
 		"odd field list": {"0-0", []any{[]any{"1-1", []any{"uuid"}}}},
 		"field name":     {"0-0", []any{[]any{"1-1", []any{1, "a"}}}},
 	} {
-		_, _, _, _, err := parseAutoClaim(reply)
+		_, err := parseAutoClaim(reply)
 		assert.Error(t, err, name)
 	}
 }

@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func TestNackClaimIsIdempotent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("try %d: %v", try, err)
 		}
-		if r.status != "ok" || r.count != 2 || r.fields["payload"] != "p" {
+		if r.Status != "ok" || r.Count != 2 || r.Fields["payload"] != "p" {
 			t.Fatalf("try %d: got %+v, want ok with count 2 and the fields", try, r)
 		}
 	}

@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import (
 	"testing"
@@ -32,19 +32,19 @@ func TestFetchPlan(t *testing.T) {
 			{do: func(p *fetchPlan) { p.claimed("7-0", 0, t0) }, want: stepClaim, from: "7-0"},
 			{do: func(p *fetchPlan) { p.claimed("0-0", 0, t0) }, want: stepRead},
 		}},
-		{"bodiless claimed entries are swept before anything else", beat, []check{
+		{"bodiless claimed entries are listed before anything else", beat, []check{
 			{do: func(p *fetchPlan) { p.drained("") }, want: stepClaim},
-			{do: func(p *fetchPlan) { p.claimed("0-0", 2, t0) }, want: stepSweep, from: "-"},
-			{do: func(p *fetchPlan) { p.swept("(3-0") }, want: stepSweep, from: "(3-0"},
-			{do: func(p *fetchPlan) { p.swept("") }, want: stepRead},
+			{do: func(p *fetchPlan) { p.claimed("0-0", 2, t0) }, want: stepMissing, from: "-"},
+			{do: func(p *fetchPlan) { p.listed("(3-0") }, want: stepMissing, from: "(3-0"},
+			{do: func(p *fetchPlan) { p.listed("") }, want: stepRead},
 		}},
 		{"a fault drains again from the start", beat, []check{
 			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 0, t0) }, want: stepRead},
 			{do: func(p *fetchPlan) { p.restart() }, want: stepDrain, from: "0"},
 			{do: func(p *fetchPlan) { p.drained("") }, want: stepRead},
 		}},
-		{"a fault during a sweep drains from the start", beat, []check{
-			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 1, t0); p.swept("(4-0") }, want: stepSweep, from: "(4-0"},
+		{"a fault while listing missing bodies drains from the start", beat, []check{
+			{do: func(p *fetchPlan) { p.drained(""); p.claimed("0-0", 1, t0); p.listed("(4-0") }, want: stepMissing, from: "(4-0"},
 			{do: func(p *fetchPlan) { p.restart() }, want: stepDrain, from: "0"},
 		}},
 		{"no claim beat never claims", -1, []check{
@@ -67,15 +67,15 @@ func TestFetchPlan(t *testing.T) {
 				switch got {
 				case stepDrain:
 					from = p.drainFrom
-				case stepSweep:
-					from = p.sweepFrom
+				case stepMissing:
+					from = p.missingFrom
 				case stepClaim:
 					from = p.claimFrom
 				}
 				if c.from != "" && from != c.from {
 					t.Fatalf("check %d: cursor is %q, want %q", i, from, c.from)
 				}
-				if got == stepSweep != p.mustFetch() {
+				if got == stepMissing != p.mustFetch() {
 					t.Fatalf("check %d: mustFetch is %v with step %d", i, p.mustFetch(), got)
 				}
 			}

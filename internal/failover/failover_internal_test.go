@@ -1,4 +1,4 @@
-package valkeystream
+package failover
 
 import (
 	"context"
@@ -47,8 +47,8 @@ func TestFailoverSymptom(t *testing.T) {
 		{"other", errors.New("encoding failed"), false},
 	}
 	for _, tc := range tests {
-		if got := failoverSymptom(tc.err); got != tc.want {
-			t.Errorf("%s: failoverSymptom(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		if got := Symptom(tc.err); got != tc.want {
+			t.Errorf("%s: Symptom(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
 }
@@ -73,18 +73,18 @@ func TestFailoverRetryDelay(t *testing.T) {
 		want   time.Duration
 	}{
 		{"single node, refused", single, refused, long},
-		{"sentinel, refused", sentinel, refused, failoverRetryMax},
-		{"cluster, refused", cluster, refused, failoverRetryMax},
+		{"sentinel, refused", sentinel, refused, RetryMax},
+		{"cluster, refused", cluster, refused, RetryMax},
 		{"cluster, WRONGTYPE", cluster, reply("WRONGTYPE x"), long},
 		{"cluster, short backoff", cluster, refused, 0},
 	}
 	for _, tc := range tests {
-		var f failover
+		var f Hints
 		delay := long
 		if tc.want == 0 {
 			delay, tc.want = 100*time.Millisecond, 100*time.Millisecond
 		}
-		if got := f.retryDelay(tc.client, tc.err, delay); got != tc.want {
+		if got := f.RetryDelay(tc.client, tc.err, delay); got != tc.want {
 			t.Errorf("%s: retryDelay(%s) = %s, want %s", tc.name, delay, got, tc.want)
 		}
 	}
@@ -94,7 +94,7 @@ func TestFailoverRetryDelay(t *testing.T) {
 // cluster has promoted the replica, a client left alone still sends to the
 // dead master (it reloads its slot map only every
 // ClusterStateReloadInterval, a minute by default), while one whose errors
-// go through failover.failed finds the new master within a few tries.
+// go through Hints.Failed finds the new master within a few tries.
 func TestFailoverReloadsTheSlotMap(t *testing.T) {
 	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
@@ -128,7 +128,7 @@ func TestFailoverReloadsTheSlotMap(t *testing.T) {
 		t.Fatal("a cluster client without help found the new master at once: the client reloads by itself now, and this test shows nothing")
 	}
 
-	var f failover
+	var f Hints
 	start := time.Now()
 	tries := 0
 	for {
@@ -137,7 +137,7 @@ func TestFailoverReloadsTheSlotMap(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !f.failed(helped, err) {
+		if !f.Failed(helped, err) {
 			t.Fatalf("failed(%v) = false, want true: a write to a dead master is a failover symptom", err)
 		}
 		if since := time.Since(killed) - promoted; since > 10*time.Second {

@@ -1,4 +1,4 @@
-package valkeystream
+package loop
 
 import "time"
 
@@ -9,11 +9,11 @@ const (
 	// stepDrain reads the consumer's own pending entries from a cursor
 	// (XREADGROUP ... <id>), after a start or a fault.
 	stepDrain step = iota + 1
-	// stepSweep lists the own pending entries (XPENDING) only to
-	// acknowledge those whose bodies are gone, right after a claim reported
+	// stepMissing lists the own pending entries (XPENDING) only to
+	// acknowledge those whose bodies are gone (missing bodies), right after a claim reported
 	// such entries without their ids (Redis 6.2), before the claimed batch is
 	// delivered. Unlike a drain it grows no delivery count.
-	stepSweep
+	stepMissing
 	// stepClaim reclaims idle entries of other consumers (XAUTOCLAIM).
 	stepClaim
 	// stepRead reads new entries (XREADGROUP ... >).
@@ -26,13 +26,13 @@ const (
 // end of the pending list; new entries otherwise. It calls the server for
 // nothing: the loop runs the step and reports back.
 type fetchPlan struct {
-	draining  bool   // the own pending list is being drained
-	drainFrom string // cursor of the drain (an id, read after)
-	sweeping  bool   // bodiless entries were claimed; sweep before delivering
-	sweepFrom string // cursor of the sweep (an XPENDING range start)
-	claimFrom string // cursor of XAUTOCLAIM
-	nextClaim time.Time
-	every     time.Duration // the claim beat; negative: never claim
+	draining    bool   // the own pending list is being drained
+	drainFrom   string // cursor of the drain (an id, read after)
+	missing     bool   // bodiless entries were claimed; list them before delivering
+	missingFrom string // cursor of that listing (an XPENDING range start)
+	claimFrom   string // cursor of XAUTOCLAIM
+	nextClaim   time.Time
+	every       time.Duration // the claim beat; negative: never claim
 }
 
 // newFetchPlan returns the plan of a loop that starts: drain first, and claim
@@ -44,8 +44,8 @@ func newFetchPlan(every time.Duration) fetchPlan {
 // next returns the step to run at now.
 func (p *fetchPlan) next(now time.Time) step {
 	switch {
-	case p.sweeping:
-		return stepSweep
+	case p.missing:
+		return stepMissing
 	case p.draining:
 		return stepDrain
 	case p.every >= 0 && !now.Before(p.nextClaim):
@@ -66,8 +66,8 @@ func (p *fetchPlan) untilClaim(now time.Time, least time.Duration) time.Duration
 }
 
 // mustFetch reports whether the loop must fetch before it delivers what it
-// holds: a sweep cannot wait for the queue to empty.
-func (p *fetchPlan) mustFetch() bool { return p.sweeping }
+// holds: the listing of missing bodies cannot wait for the queue to empty.
+func (p *fetchPlan) mustFetch() bool { return p.missing }
 
 // drained records a drain that returned entries up to last, or nothing
 // (last == ""), which ends it.
@@ -79,14 +79,14 @@ func (p *fetchPlan) drained(last string) {
 	p.drainFrom, p.draining = "0", false
 }
 
-// swept records a sweep that goes on from next, or that listed everything
+// listed records a listing of missing bodies that goes on from next, or that listed everything
 // (next == ""), which ends it.
-func (p *fetchPlan) swept(next string) {
+func (p *fetchPlan) listed(next string) {
 	if next != "" {
-		p.sweepFrom = next
+		p.missingFrom = next
 		return
 	}
-	p.sweepFrom, p.sweeping = "", false
+	p.missingFrom, p.missing = "", false
 }
 
 // claimed records a claim that answered cursor next and reported nulls
@@ -99,12 +99,12 @@ func (p *fetchPlan) claimed(next string, nulls int, now time.Time) {
 		p.nextClaim = now.Add(p.every)
 	}
 	if nulls > 0 {
-		p.sweeping, p.sweepFrom = true, "-"
+		p.missing, p.missingFrom = true, "-"
 	}
 }
 
 // restart makes the loop drain its own pending list again from its start,
 // after a fault.
 func (p *fetchPlan) restart() {
-	p.draining, p.sweeping, p.drainFrom = true, false, "0"
+	p.draining, p.missing, p.drainFrom = true, false, "0"
 }

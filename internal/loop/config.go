@@ -1,0 +1,103 @@
+package loop
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Config is what one group subscription reads, with the Subscriber's
+// settings already defaulted and validated (see valkeystream's
+// SubscriberConfig, where each is documented).
+type Config struct {
+	Stream, Group, Consumer string
+
+	BatchSize        int64
+	PrefetchWindow   time.Duration
+	ReadAheadBytes   int64
+	BlockTime        time.Duration
+	ClaimInterval    time.Duration // negative: never claim
+	ClaimMinIdle     time.Duration
+	AckFlushInterval time.Duration // negative: every Ack at once
+	CloseGrace       time.Duration // negative: do not wait for handlers
+
+	// NackDelay returns how long an entry Nacked on delivery number count
+	// waits before it is delivered again.
+	NackDelay func(count int64) time.Duration
+}
+
+// Deps are what a subscription's loop is handed by its Subscriber: the
+// server, and what the loop reports to or asks of the rest of the library.
+// Only Server, Counters and Logger are required.
+type Deps struct {
+	Server   Server
+	Shared   Waiter // waits for new entries with other subscriptions; nil: Block
+	Counters *Counters
+	Logger   watermill.LoggerAdapter
+	Health   Health
+
+	// Decode turns an entry into the message handed to the handler.
+	Decode func(e Entry) (*message.Message, error)
+	// DeadLetter deals with an entry that cannot be decoded (copies it to
+	// the dead-letter stream, or logs it) and logs what it did; an error
+	// leaves it pending, to come back.
+	DeadLetter func(ctx context.Context, e Entry, count int64, decodeErr error) error
+	// Delivered is told of each hand-over to a handler.
+	Delivered func(id string)
+	// Reopen runs the group door again, after NOGROUP.
+	Reopen func(ctx context.Context) error
+	// Prune removes departed consumers; the loop calls it when a claim has
+	// scanned the pending list to its end.
+	Prune func(ctx context.Context)
+	// Release releases the consumer name when the loop ends, after its last
+	// Acks and before it closes its channel.
+	Release func()
+}
+
+// Waiter is a subscription's share of a reader that waits for new entries
+// of many streams at once (see internal/sharedread).
+type Waiter interface {
+	// Covers reports whether the reader reads this stream while the
+	// subscription does not wait: the subscription must not read new
+	// entries on its own then.
+	Covers() bool
+	// Wait waits up to d (for ever when negative), or until ctx ends, for up
+	// to count new entries.
+	Wait(ctx context.Context, count int64, d time.Duration) (Waited, error)
+	// Leave ends the subscription's share and returns the ids of entries
+	// read for it and not taken, to hand back.
+	Leave() []string
+}
+
+// Waited is what a Wait brought.
+type Waited struct {
+	Entries []Entry
+	Full    bool      // more may wait
+	Since   time.Time // for entries read while not waiting: when; zero otherwise
+}
+
+// Health is told of failed calls and of the first success after them.
+type Health interface {
+	Failed(err error)
+	Recovered()
+}
+
+// Counters are the counters and gauges of a Subscriber's loops (see
+// valkeystream.Stats for what each counts).
+type Counters struct {
+	Delivered, Acked, Nacked, Drained, Reclaimed atomic.Int64
+	MissingBodies, InvalidEntries, Faults        atomic.Int64
+	ReadAhead, InFlight                          atomic.Int64
+	NackWaits, NackWaitNanos                     atomic.Int64
+}
+
+// nackWaited counts a wait of d before a Nacked message is delivered again.
+func (c *Counters) nackWaited(d time.Duration) {
+	if d > 0 {
+		c.NackWaits.Add(1)
+		c.NackWaitNanos.Add(int64(d))
+	}
+}

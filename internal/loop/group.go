@@ -1,0 +1,391 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Group is one consumer-group subscription's loop. Only its own goroutine
+// (Run) touches it. What it fetches next is its plan's decision (plan.go):
+// its own pending entries after a start or a fault, idle entries of other
+// consumers on the claim beat, else new entries. It fetches only when
+// nothing it fetched is still undelivered and every Ack has been sent (at
+// the latest in the same round trip, ahead of a read of new entries), so it
+// never claims an entry it is handling; while it holds entries, its hold
+// beat keeps peers from reclaiming them (hold.go).
+//
+// One message's way (docs/design.md, "One message"): readNew or a read
+// sent ahead (ahead.go) queues the entry, Run pops it, handle delivers it
+// and waits for the handler (deliver.go), the Ack goes to the Ack owner
+// (acks.go), and its XACK leaves through Server.Send (redis.go) in the next
+// round trip.
+type Group struct {
+	cfg  Config
+	deps Deps
+	out  chan *message.Message
+
+	held    held
+	plan    fetchPlan
+	pre     prefetch
+	acks    acks
+	ahead   ahead
+	hold    holdBeat
+	nackLog logLimit
+	retries retries
+}
+
+// NewGroup returns the loop of a group subscription that sends its messages
+// to out, which Run closes when it ends.
+func NewGroup(cfg Config, deps Deps, out chan *message.Message) *Group {
+	return &Group{
+		cfg:     cfg,
+		deps:    deps,
+		out:     out,
+		held:    held{gauge: &deps.Counters.ReadAhead},
+		plan:    newFetchPlan(cfg.ClaimInterval),
+		pre:     newPrefetch(cfg.BatchSize, cfg.PrefetchWindow, cfg.ReadAheadBytes),
+		acks:    newAcks(cfg.AckFlushInterval, deps.Counters, deps.Logger),
+		hold:    newHoldBeat(cfg.ClaimMinIdle),
+		nackLog: logLimit{every: nackLogEvery},
+		retries: retries{faults: deps.Counters, logger: deps.Logger, health: deps.Health, failover: deps.Server.Failed},
+	}
+}
+
+// Run delivers until ctx ends, or until it cannot go on, then sends the Acks
+// not sent yet, hands back what no handler has, releases the consumer name
+// and closes the channel.
+func (l *Group) Run(ctx context.Context) {
+	defer close(l.out)
+	defer func() {
+		if l.deps.Release != nil {
+			l.deps.Release()
+		}
+	}()
+	defer l.leave()
+	stop := context.AfterFunc(ctx, l.deps.Server.Interrupt)
+	defer func() {
+		if stop() {
+			l.deps.Server.Interrupt()
+		}
+	}()
+	// The parent of message contexts: a message's context ends when it is
+	// settled, or when CloseGrace has passed after the subscription ended.
+	msgBase := context.WithoutCancel(ctx)
+	counters := l.deps.Counters
+	for ctx.Err() == nil {
+		if len(l.held.queue) == 0 || l.plan.mustFetch() {
+			if err := l.fetch(ctx); err != nil {
+				if ctx.Err() != nil || !l.fault(ctx, "fetching entries", err) {
+					return
+				}
+				continue
+			}
+			l.retries.succeeded()
+			continue
+		}
+		e := l.held.pop()
+		l.readAhead(ctx)
+		counters.InFlight.Add(1)
+		ok := l.handle(ctx, msgBase, e)
+		counters.InFlight.Add(-1)
+		if !ok {
+			return
+		}
+	}
+}
+
+// fetch runs the step the plan names. Acks waiting to be sent go first, so
+// that no step reads an entry this loop has handled. A read sent ahead
+// lands first, and is the fetch: the loop comes back for the next step if
+// it brought nothing.
+func (l *Group) fetch(ctx context.Context) error {
+	l.acks.land()
+	if l.ahead.trip != nil || l.ahead.err != nil {
+		err := errors.Join(l.ahead.err, l.landAhead())
+		l.ahead.err = nil
+		return err
+	}
+	var err error
+	switch l.plan.next(time.Now()) {
+	case stepDrain:
+		if err = l.acks.flush(ctx, l.deps.Server); err == nil {
+			err = l.drain(ctx)
+		}
+	case stepMissing:
+		err = l.ackMissing(ctx)
+	case stepClaim:
+		if err = l.acks.flush(ctx, l.deps.Server); err == nil {
+			err = l.claim(ctx)
+		}
+	case stepRead:
+		err = l.readNew(ctx)
+	}
+	if len(l.held.queue) > 0 {
+		l.hold.start()
+	}
+	return err
+}
+
+// drain reads the next batch of this consumer's own pending entries from
+// the plan's drain cursor, and advances the cursor.
+func (l *Group) drain(ctx context.Context) error {
+	es, err := l.deps.Server.ReadOwn(ctx, l.plan.drainFrom, l.pre.batch())
+	if err != nil {
+		return fmt.Errorf("draining own pending entries: %w", err)
+	}
+	last := ""
+	if len(es) > 0 {
+		last = es[len(es)-1].ID
+	}
+	l.plan.drained(last)
+	if len(es) == 0 {
+		return nil
+	}
+	n, err := l.enqueueWithCounts(ctx, es)
+	if err != nil {
+		return fmt.Errorf("reading delivery counts of drained entries: %w", err)
+	}
+	l.deps.Counters.Drained.Add(int64(n))
+	l.deps.Logger.Debug("Drained own pending entries", watermill.LogFields{"entries": len(es)})
+	return nil
+}
+
+// ackMissing acknowledges the own pending entries whose bodies are gone,
+// which a claim reported as nulls without their ids (Redis 6.2): they are
+// pending for this consumer now. It lists the pending entries and asks the
+// hold call which bodies are gone, so no delivery count grows; the entries
+// with bodies are the claimed batch, queued already.
+func (l *Group) ackMissing(ctx context.Context) error {
+	ids, err := l.deps.Server.ListOwn(ctx, l.plan.missingFrom, l.cfg.BatchSize)
+	if err != nil {
+		return fmt.Errorf("listing own pending entries: %w", err)
+	}
+	if len(ids) == 0 {
+		l.plan.listed("")
+		return nil
+	}
+	counts, err := l.deps.Server.Hold(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("listing own pending entries: %w", err)
+	}
+	for i, n := range counts {
+		if n < 0 {
+			l.reportMissing(ids[i], true)
+		}
+	}
+	l.plan.listed("(" + ids[len(ids)-1])
+	return nil
+}
+
+// claim reclaims idle entries of other consumers.
+func (l *Group) claim(ctx context.Context) error {
+	c, err := l.deps.Server.Claim(ctx, l.plan.claimFrom, l.pre.batch())
+	if err != nil {
+		return fmt.Errorf("reclaiming idle entries: %w", err)
+	}
+	l.plan.claimed(c.Next, c.Nulls, time.Now())
+	if c.Next == "0-0" && l.deps.Prune != nil {
+		// The pending list was scanned to its end: a good time to remove
+		// consumers that left with nothing pending.
+		l.deps.Prune(ctx)
+	}
+	for _, id := range c.Deleted {
+		// The server already dropped these from the pending list.
+		l.reportMissing(id, false)
+	}
+	if len(c.Entries) == 0 {
+		return nil
+	}
+	n, err := l.enqueueWithCounts(ctx, c.Entries)
+	if err != nil {
+		return fmt.Errorf("reading delivery counts of reclaimed entries: %w", err)
+	}
+	l.deps.Counters.Reclaimed.Add(int64(n))
+	l.deps.Logger.Info("Reclaimed idle entries", watermill.LogFields{"entries": len(c.Entries)})
+	return nil
+}
+
+// readNew reads new entries. Acks waiting to be sent go in the same round
+// trip as a read that does not block, which under load brings the next batch
+// at once; only when that finds nothing does a blocking read follow.
+func (l *Group) readNew(ctx context.Context) error {
+	l.ahead.more = false
+	shared := l.deps.Shared
+	if shared != nil && shared.Covers() {
+		// Its shared reader reads this stream already: the Acks go on their
+		// own, and the wait takes what it read.
+		l.acks.send(ctx, l.deps.Server)
+		return l.readShared(ctx)
+	}
+	count := l.pre.count()
+	if l.acks.len() > 0 {
+		ids := l.acks.take()
+		sent := time.Now()
+		r := l.deps.Server.Send(ctx, Trip{Acks: ids, Reads: []int64{count}})
+		l.ahead.measure(time.Since(sent))
+		if err := l.acks.landed(ids, r); err != nil {
+			// A fault like a failed read: the entries this read brought, if
+			// any, are pending for this consumer and come back with the
+			// drain that follows.
+			return err
+		}
+		if r.ReadErr != nil {
+			return fmt.Errorf("reading new entries: %w", r.ReadErr)
+		}
+		if n := l.enqueueNew(r.Entries); n > 0 {
+			l.ahead.more = r.Full
+			return nil
+		}
+	}
+	if shared != nil {
+		return l.readShared(ctx)
+	}
+	sent := time.Now()
+	es, err := l.deps.Server.Block(ctx, count, l.cfg.BlockTime)
+	if err != nil {
+		return fmt.Errorf("reading new entries: %w", err)
+	}
+	if int64(l.enqueueNew(es)) == count {
+		// A full read did not wait for entries: its time is a round trip,
+		// and more entries may wait.
+		l.ahead.measure(time.Since(sent))
+		l.ahead.more = true
+	}
+	return nil
+}
+
+// readShared waits for new entries with the loop's shared reader and
+// queues them.
+func (l *Group) readShared(ctx context.Context) error {
+	w, err := l.deps.Shared.Wait(ctx, l.pre.count(), l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
+	if err != nil {
+		return fmt.Errorf("reading new entries: %w", err)
+	}
+	l.ahead.more = w.Full
+	if !w.Since.IsZero() && time.Since(w.Since) >= l.cfg.ClaimMinIdle/2 {
+		// Read long enough ago that a peer may have reclaimed them: check
+		// that they are still this consumer's, with their counts.
+		if _, err := l.enqueueWithCounts(ctx, w.Entries); err != nil {
+			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
+		}
+		return nil
+	}
+	l.enqueueNew(w.Entries)
+	return nil
+}
+
+// enqueueNew queues entries read for the first time and returns how many.
+func (l *Group) enqueueNew(es []Entry) int {
+	for _, m := range es {
+		// A first delivery: the server's count is 1 by definition.
+		l.held.push(entry{id: m.ID, fields: m.Fields, count: 1})
+		l.pre.read(m.Fields)
+	}
+	return len(es)
+}
+
+// enqueueWithCounts queues es, just read or claimed, with their delivery
+// counts from the pending list (see admit). It returns how many were queued.
+func (l *Group) enqueueWithCounts(ctx context.Context, es []Entry) (int, error) {
+	entries := make([]entry, len(es))
+	ids := make([]string, len(es))
+	for i, m := range es {
+		entries[i] = entry{id: m.ID, fields: m.Fields}
+		ids[i] = m.ID
+		l.pre.read(m.Fields)
+	}
+	counts, err := l.deps.Server.Hold(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
+	kept := l.admit(entries, counts)
+	l.held.push(kept...)
+	return len(kept), nil
+}
+
+// admit returns the entries that are pending for this consumer, with the
+// server's counts (as Server.Hold reports them). An entry whose body is
+// gone is acknowledged and counted, never delivered; one that another
+// consumer holds now is left to it.
+func (l *Group) admit(entries []entry, counts []int64) []entry {
+	kept := entries[:0]
+	for i, e := range entries {
+		switch {
+		case counts[i] == 0:
+			// Another consumer holds it now.
+		case counts[i] < 0 || e.fields == nil:
+			l.reportMissing(e.id, true)
+		default:
+			e.count = counts[i]
+			kept = append(kept, e)
+		}
+	}
+	return kept
+}
+
+// reportMissing handles a pending entry whose body was trimmed or deleted: it
+// is acknowledged (when still pending) and counted, never delivered.
+func (l *Group) reportMissing(id string, stillPending bool) {
+	if stillPending {
+		l.acks.add(id)
+	}
+	l.deps.Counters.MissingBodies.Add(1)
+	l.deps.Logger.Error("Pending entry was trimmed or deleted from the stream before it was handled; acknowledged without delivery",
+		nil, watermill.LogFields{"entry_id": id})
+}
+
+// leave sends the Acks not sent yet and hands back the entries the loop
+// holds and no handler has, in one round trip, when the loop ends.
+func (l *Group) leave() {
+	l.acks.land()
+	l.landAheadOnExit()
+	l.acks.stop()
+	l.hold.stop()
+	if l.deps.Shared != nil {
+		l.held.handBack(l.deps.Shared.Leave()...)
+	}
+	back := l.held.leave()
+	ids := l.acks.take()
+	if len(ids) == 0 && len(back) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CloseFlushTimeout)
+	defer cancel()
+	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back})
+	_ = l.acks.landed(ids, r)
+	if len(back) == 0 {
+		return
+	}
+	if r.BackErr != nil {
+		l.deps.Counters.Faults.Add(1)
+		l.deps.Logger.Error("Handing back entries no handler has failed; peers reclaim them after ClaimMinIdle",
+			r.BackErr, watermill.LogFields{"entries": len(back)})
+		return
+	}
+	l.deps.Logger.Debug("Handed back entries no handler has", watermill.LogFields{"entries": len(back)})
+}
+
+// CloseFlushTimeout bounds how long a subscription that ends waits for its
+// last round trip (its Acks, and its entries handed back) to reach the
+// server.
+const CloseFlushTimeout = 5 * time.Second
+
+// fault handles a failed call: it re-runs the group door when the group or
+// the stream vanished, backs off, and makes the loop drain its own pending
+// list again before it reads anything new. It returns false when ctx ended
+// during the backoff.
+func (l *Group) fault(ctx context.Context, what string, err error) bool {
+	l.plan.restart()
+	if isNoGroup(err) && l.deps.Reopen != nil {
+		l.deps.Logger.Error("Consumer group or stream vanished; creating it again", err, nil)
+		if derr := l.deps.Reopen(ctx); derr != nil {
+			err = derr
+		}
+	}
+	return l.retries.fail(ctx, what, err, l.pause)
+}

@@ -1,0 +1,71 @@
+package loop
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// nackLogEvery bounds how often a subscription logs Nacks at Info level.
+const nackLogEvery = 10 * time.Second
+
+// nacked handles the Nack of msg, the message of e: it waits the Nack's
+// delay, then claims e back (which grows its delivery count), and returns
+// it to deliver again, or nil when it is not this consumer's to deliver any
+// more. A Nacked entry comes back before any entry queued after it. It
+// returns false when the subscription ended.
+func (l *Group) nacked(ctx context.Context, msg *message.Message, e entry) (*entry, bool) {
+	l.deps.Counters.Nacked.Add(1)
+	if ctx.Err() != nil {
+		// Nacked while the subscription ends: a peer takes it.
+		l.held.handBack(e.id)
+		return nil, false
+	}
+	delay := l.cfg.NackDelay(e.count)
+	l.deps.Counters.nackWaited(delay)
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": e.id, "delivery_count": e.count, "retry_in": delay.String()}
+	if ok, held := l.nackLog.allow(time.Now()); ok {
+		fields["nacks_not_logged"] = held
+		l.deps.Logger.Info("Message nacked; delivering it again after a delay", fields)
+	} else {
+		l.deps.Logger.Trace("Message nacked; delivering it again after a delay", fields)
+	}
+	if !l.pause(ctx, delay) {
+		return nil, false
+	}
+	for {
+		next, err := l.claimBack(ctx, e)
+		if err == nil {
+			l.retries.succeeded()
+			return next, true
+		}
+		if ctx.Err() != nil || !l.fault(ctx, "claiming a nacked entry back", err) {
+			return nil, false
+		}
+	}
+}
+
+// claimBack claims e, whose delivery was Nacked, back for this consumer.
+// The server claims it only while its count is still that of the Nacked
+// delivery, so a call that the client sends again (after a network error)
+// does not grow the count twice.
+func (l *Group) claimBack(ctx context.Context, e entry) (*entry, error) {
+	r, err := l.deps.Server.ClaimBack(ctx, e.id, e.count)
+	if err != nil {
+		return nil, err
+	}
+	switch r.Status {
+	case "ok":
+		return &entry{id: e.id, fields: r.Fields, count: r.Count}, nil
+	case "gone":
+		l.deps.Logger.Debug("Nacked entry is no longer pending, not delivering it again", watermill.LogFields{"entry_id": e.id})
+	case "taken":
+		l.deps.Logger.Info("Nacked entry was taken over by another consumer meanwhile; leaving it to that consumer",
+			watermill.LogFields{"entry_id": e.id})
+	case "missing":
+		l.reportMissing(e.id, true)
+	}
+	return nil, nil
+}

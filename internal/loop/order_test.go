@@ -1,0 +1,263 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The loop's ordering rules, each checked against the fake server's log of
+// calls: what the loop decides, without a server. What the server does with
+// those calls is proven against real servers in the root package's tests.
+
+// handled is the note a test's handler writes into the fake's log before it
+// Acks a message.
+const handled = "handled"
+
+// acksBefore checks that every id the handler handled before a call whose
+// log line starts with op was in an XACK before that call.
+func acksBefore(t *testing.T, log []string, op string) (calls int) {
+	t.Helper()
+	done := map[string]bool{}
+	sent := map[string]bool{}
+	for i, line := range log {
+		name, list, _ := strings.Cut(line, " ")
+		switch name {
+		case handled:
+			done[list] = true
+		case "ack":
+			for _, id := range strings.Split(list, ",") {
+				sent[id] = true
+			}
+		case op:
+			calls++
+			for id := range done {
+				if !sent[id] {
+					t.Fatalf("call %d (%q) came before the Ack of %s, handled earlier; log:\n%s", i, line, id, strings.Join(log, "\n"))
+				}
+			}
+		}
+	}
+	return calls
+}
+
+// Rule: Acks are sent before a drain or a claim, so that neither reads an
+// entry this loop has handled (a claim would take it back; a drain would
+// deliver it again). Checked on the loop's fetch step itself: with Acks
+// held, a fetch whose step is a claim, and one whose step is a drain (after
+// a fault), each send the Acks first; a failed XACK stops the step.
+func TestAcksAreSentBeforeADrainOrAClaim(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		setup func(l *Group)
+		op    string
+	}{
+		{"claim", func(l *Group) { l.plan.drained("") }, "claim"},
+		{"drain after a fault", func(l *Group) { l.plan.drained(""); l.plan.restart() }, "drain"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newFakeServer(3)
+			cfg := testConfig()
+			cfg.ClaimInterval = time.Hour // the first beat is due at once
+			l := newTestGroup(cfg, srv)
+			srv.mu.Lock()
+			srv.takeNew(3) // delivered to this consumer, and handled:
+			srv.mu.Unlock()
+			for _, id := range []string{"1-0", "2-0", "3-0"} {
+				srv.note(handled, id)
+				l.acks.add(id)
+			}
+			tt.setup(l)
+			if got := l.plan.next(time.Now()); got != map[string]step{"claim": stepClaim, "drain": stepDrain}[tt.op] {
+				t.Fatalf("the plan's next step is %d, not a %s: the test shows nothing", got, tt.op)
+			}
+			if err := l.fetch(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			log := srv.calls()
+			if n := acksBefore(t, log, tt.op); n != 1 {
+				t.Fatalf("%d calls %q; want 1; log:\n%s", n, tt.op, strings.Join(log, "\n"))
+			}
+
+			// A failed XACK: the step waits (the fault drains, and Acks go first again).
+			l.acks.add("4-0")
+			srv.note(handled, "4-0")
+			tt.setup(l)
+			srv.failNext(errors.New("connection reset"))
+			if err := l.fetch(context.Background()); err == nil {
+				t.Fatal("a fetch whose Acks failed returned no error")
+			}
+			if log := srv.calls(); strings.HasPrefix(log[len(log)-1], tt.op) {
+				t.Fatalf("the %s ran after its Acks failed; log:\n%s", tt.op, strings.Join(log, "\n"))
+			}
+		})
+	}
+}
+
+// fakeWaiter is a shared reader that covers the stream: every new entry
+// comes through Wait, a few at a time.
+type fakeWaiter struct {
+	srv  *fakeServer
+	most int64
+}
+
+func (w *fakeWaiter) Covers() bool { return true }
+
+func (w *fakeWaiter) Wait(ctx context.Context, count int64, d time.Duration) (Waited, error) {
+	for {
+		w.srv.mu.Lock()
+		es := w.srv.takeNew(min(count, w.most))
+		if len(es) > 0 {
+			w.srv.record("wait", ids(es))
+			w.srv.mu.Unlock()
+			return Waited{Entries: es}, nil
+		}
+		w.srv.mu.Unlock()
+		select {
+		case <-w.srv.added:
+		case <-ctx.Done():
+			return Waited{}, nil
+		}
+	}
+}
+
+func (w *fakeWaiter) Leave() []string { return nil }
+
+// Rule: no read of its own while a shared reader covers its stream: two
+// reads of one stream in flight may reach the server in either order, and
+// the later would bring the earlier entries. Acks go on their own.
+func TestNoReadOfItsOwnWhileItsStreamIsCovered(t *testing.T) {
+	srv := newFakeServer(6)
+	out, cancel, done := run(t, testConfig(), srv, &fakeWaiter{srv: srv, most: 2})
+	for range 6 {
+		m := receive(t, out)
+		m.Ack()
+	}
+	cancel()
+	<-done
+	log := srv.calls()
+	waits := 0
+	for _, line := range log {
+		name, _, _ := strings.Cut(line, " ")
+		switch name {
+		case "read", "read-failed", "block":
+			t.Fatalf("the loop read on its own while covered: %q; log:\n%s", line, strings.Join(log, "\n"))
+		case "wait":
+			waits++
+		}
+	}
+	if waits != 3 {
+		t.Fatalf("%d waits brought the entries, want 3; log:\n%s", waits, strings.Join(log, "\n"))
+	}
+}
+
+// Rule: a Nacked entry comes back before newer entries, with its delivery
+// count grown.
+func TestANackComesBackBeforeNewerEntries(t *testing.T) {
+	srv := newFakeServer(3)
+	out, _, _ := run(t, testConfig(), srv, nil)
+	var got []string
+	nacked := false
+	for len(got) < 4 {
+		m := receive(t, out)
+		got = append(got, m.UUID+"#"+m.Metadata.Get(MetadataDeliveryCount))
+		if m.UUID == "1-0" && !nacked {
+			nacked = true
+			m.Nack()
+			continue
+		}
+		m.Ack()
+	}
+	want := []string{"1-0#1", "1-0#2", "2-0#1", "3-0#1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v", got, want)
+	}
+}
+
+// Rule: reads sent ahead never break stream order: with a round trip that
+// varies and a handler fast enough to get them, every entry is delivered
+// once, in stream order.
+func TestReadsSentAheadKeepStreamOrder(t *testing.T) {
+	const n = 400
+	srv := newFakeServer(n)
+	srv.delay = func() time.Duration { return time.Duration(200+rand.IntN(800)) * time.Microsecond }
+	cfg := testConfig()
+	cfg.BatchSize = 8
+	out, _, _ := run(t, cfg, srv, nil)
+	var got []string
+	for len(got) < n {
+		m := receive(t, out)
+		got = append(got, m.UUID)
+		m.Ack()
+	}
+	for i, id := range got {
+		if want := srv.ids[i]; id != want {
+			t.Fatalf("message %d is %s, want %s (stream order)", i, id, want)
+		}
+	}
+	log := srv.calls()
+	ahead := 0
+	for _, line := range log {
+		if strings.HasPrefix(line, "read-ahead ") {
+			ahead++
+		}
+	}
+	if ahead < n/int(cfg.BatchSize)/4 {
+		t.Fatalf("%d reads sent ahead for %d entries in batches of %d: reads ahead did not run, and this test shows nothing; log:\n%s",
+			ahead, n, cfg.BatchSize, strings.Join(log, "\n"))
+	}
+}
+
+// Rule: Close sends the Acks not sent yet and hands back what no handler
+// has (the queue, and the message offered to nobody), in its last round
+// trip.
+func TestCloseSendsPendingAcksAndHandsBackTheQueue(t *testing.T) {
+	srv := newFakeServer(10)
+	out, cancel, done := run(t, testConfig(), srv, nil)
+	for range 3 {
+		receive(t, out).Ack()
+	}
+	// The loop now offers 4-0; nobody takes it.
+	cancel()
+	<-done
+	log := srv.calls()
+	last := log[len(log)-2:]
+	want := []string{"ack 1-0,2-0,3-0", "handback 4-0,5-0,6-0,7-0,8-0,9-0,10-0"}
+	if !slices.Equal(last, want) {
+		t.Fatalf("the last round trip was %q, want %q; log:\n%s", last, want, strings.Join(log, "\n"))
+	}
+}
+
+// Rule: a hold beat that finds an entry taken over by another consumer
+// does not deliver it: neither the one being handed over nor a queued one.
+func TestAHoldThatFindsAnEntryTakenDoesNotDeliverIt(t *testing.T) {
+	srv := newFakeServer(4)
+	srv.take("1-0", "3-0") // by another consumer, once the loop holds them
+	beat := make(chan struct{})
+	srv.onHold = func(ids []string, counts []int64) {
+		if len(ids) == 4 && counts[0] == 0 {
+			close(beat)
+		}
+	}
+	cfg := testConfig()
+	cfg.ClaimMinIdle = 30 * time.Millisecond // a hold beat every 10 ms
+	out, _, _ := run(t, cfg, srv, nil)
+	select {
+	case <-beat: // the beat that finds 1-0 and 3-0 taken, while 1-0 is offered
+	case <-time.After(10 * time.Second):
+		t.Fatal("no hold beat within 10 s")
+	}
+	var got []string
+	for len(got) < 2 {
+		m := receive(t, out)
+		got = append(got, m.UUID)
+		m.Ack()
+	}
+	if want := []string{"2-0", "4-0"}; !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v (1-0 and 3-0 belong to another consumer)", got, want)
+	}
+}

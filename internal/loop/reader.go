@@ -1,0 +1,52 @@
+package loop
+
+import (
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// newBlockingReader returns the client a group subscription sends its
+// blocking reads (XREADGROUP ... BLOCK) through, and whether it is its own
+// to close: a client of its own, made from the options of the user's client,
+// so that closing it ends a blocked read at once when the subscription ends,
+// instead of after BlockTime. It holds one connection (a cluster client, one
+// per node it reads from). Commands sent through it skip the hooks added to
+// the user's client (AddHook): tracing or metrics hooks do not see the
+// blocking reads. Every other command, the non-blocking read that goes with
+// the Acks included, uses the user's client. For a client of another type (a
+// ring, a wrapper) it is that client itself, and a blocked read ends within
+// BlockTime as before.
+func newBlockingReader(c redis.UniversalClient) (reader redis.UniversalClient, own bool) {
+	switch c := c.(type) {
+	case *redis.Client:
+		return redis.NewClient(OneConnection(c.Options())), true
+	case *redis.ClusterClient:
+		opt := *c.Options()
+		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
+		return redis.NewClusterClient(&opt), true
+	default:
+		return c, false
+	}
+}
+
+// OneConnection returns a copy of opt for a client of one connection: a
+// reader that holds it in blocking reads, made from the user's options.
+//
+// The copy shares neither the user's MaintNotificationsConfig nor the
+// push notification processor that go-redis put into the user's options:
+// the user's client writes to its config as its connections start (it turns
+// the "auto" mode off on a server that refuses the handshake), and a new
+// client copies the config it is given, so sharing it read it while it was
+// written (the race detector caught it when a Subscribe's first pipeline
+// opened connections while the next Subscribe made its reader); and a
+// second client registering its handlers on the user's processor fails,
+// loudly. A reader holds one connection in blocking reads and needs no
+// maintenance notifications: they are off for it, and it gets a processor
+// of its own.
+func OneConnection(opt *redis.Options) *redis.Options {
+	o := *opt
+	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	o.PushNotificationProcessor = nil
+	return &o
+}

@@ -1,0 +1,308 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/failover"
+)
+
+// RedisServer is the Server of one group subscription on a go-redis client:
+// every call goes through the user's client, but blocking reads, which go
+// through a reader of their own (reader.go) where the client is a
+// *redis.Client or a *redis.ClusterClient.
+type RedisServer struct {
+	client        redis.UniversalClient
+	reader        redis.UniversalClient
+	ownReader     bool
+	keys          []string // the stream key, as the scripts take it
+	group         string
+	consumer      string
+	minIdle       time.Duration
+	hints         *failover.Hints // the user's client's, shared with its Subscriber
+	readerHints   failover.Hints
+	interruptOnce sync.Once
+}
+
+// NewRedisServer returns the Server of the subscription of consumer in
+// group on stream key, through client. claimMinIdle is the claim threshold;
+// hints are the Subscriber's failover hints for client.
+func NewRedisServer(client redis.UniversalClient, key, group, consumer string, claimMinIdle time.Duration, hints *failover.Hints) *RedisServer {
+	reader, own := newBlockingReader(client)
+	return &RedisServer{client: client, reader: reader, ownReader: own, keys: []string{key},
+		group: group, consumer: consumer, minIdle: claimMinIdle, hints: hints}
+}
+
+// Send sends t's XACK, its reads and its hand-back in one pipeline. This is
+// the one place an XACK of the loop is built.
+func (s *RedisServer) Send(ctx context.Context, t Trip) TripReply {
+	pipe := s.client.Pipeline()
+	var ack *redis.IntCmd
+	if len(t.Acks) > 0 {
+		ack = pipe.XAck(ctx, s.keys[0], s.group, t.Acks...)
+	}
+	reads := make([]*redis.XStreamSliceCmd, len(t.Reads))
+	var asked int64
+	for i, n := range t.Reads {
+		reads[i] = pipe.XReadGroup(ctx, s.readArgs(n, -1))
+		asked += n
+	}
+	var back *redis.Cmd
+	if len(t.HandBack) > 0 {
+		back = pipe.Do(ctx, HandBackArgs(s.keys[0], s.group, s.consumer, t.HandBack)...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	var r TripReply
+	if ack != nil {
+		r.Acked, r.AckErr = ack.Result()
+	}
+	var got int64
+	for _, read := range reads {
+		streams, err := read.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			r.ReadErr = err
+			break
+		}
+		for _, st := range streams {
+			r.Entries = appendEntries(r.Entries, st.Messages)
+		}
+	}
+	got = int64(len(r.Entries))
+	r.Full = len(reads) > 0 && r.ReadErr == nil && got == asked
+	if back != nil {
+		r.BackErr = back.Err()
+	}
+	return r
+}
+
+// Block reads new entries through the subscription's own reader.
+func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
+	streams, err := s.reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var es []Entry
+	for _, st := range streams {
+		es = appendEntries(es, st.Messages)
+	}
+	return es, nil
+}
+
+// readArgs are those of XREADGROUP for new entries; a negative block means
+// not to block.
+func (s *RedisServer) readArgs(count int64, block time.Duration) *redis.XReadGroupArgs {
+	return &redis.XReadGroupArgs{Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], ">"}, Count: count, Block: block}
+}
+
+// ReadOwn reads own pending entries with XREADGROUP ... <from>.
+func (s *RedisServer) ReadOwn(ctx context.Context, from string, count int64) ([]Entry, error) {
+	streams, err := s.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], from}, Count: count, Block: -1,
+	}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	var es []Entry
+	for _, st := range streams {
+		es = appendEntries(es, st.Messages)
+	}
+	return es, nil
+}
+
+// ListOwn lists own pending entries with XPENDING.
+func (s *RedisServer) ListOwn(ctx context.Context, from string, count int64) ([]string, error) {
+	pending, err := s.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: s.keys[0], Group: s.group, Consumer: s.consumer, Start: from, End: "+", Count: count,
+	}).Result()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(pending))
+	for i, p := range pending {
+		ids[i] = p.ID
+	}
+	return ids, nil
+}
+
+// Claim runs XAUTOCLAIM.
+func (s *RedisServer) Claim(ctx context.Context, from string, count int64) (Claimed, error) {
+	reply, err := s.client.Do(ctx, "XAUTOCLAIM", s.keys[0], s.group, s.consumer,
+		s.minIdle.Milliseconds(), from, "COUNT", count).Slice()
+	if err != nil {
+		return Claimed{}, err
+	}
+	return parseAutoClaim(reply)
+}
+
+// Hold runs holdScript.
+func (s *RedisServer) Hold(ctx context.Context, ids []string) ([]int64, error) {
+	args := make([]any, 0, len(ids)+2)
+	args = append(args, s.group, s.consumer)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	counts, err := holdScript.Run(ctx, s.client, s.keys, args...).Int64Slice()
+	if err == nil && len(counts) != len(ids) {
+		err = fmt.Errorf("the hold call answered %d counts for %d entries", len(counts), len(ids))
+	}
+	return counts, err
+}
+
+// ClaimBack runs claimBackScript.
+func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (ClaimedBack, error) {
+	reply, err := claimBackScript.Run(ctx, s.client, s.keys, s.group, s.consumer, id, count).Slice()
+	if err != nil {
+		return ClaimedBack{}, err
+	}
+	return parseClaimBack(reply)
+}
+
+// Failed tells the failover hints of the user's client and of the reader.
+func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
+	if s.ownReader {
+		s.readerHints.Failed(s.reader, err)
+	}
+	if s.hints == nil {
+		return delay
+	}
+	return s.hints.RetryDelay(s.client, err, delay)
+}
+
+// Interrupt closes the reader, once; a second call returns once the first
+// has closed it.
+func (s *RedisServer) Interrupt() {
+	if !s.ownReader {
+		return
+	}
+	s.interruptOnce.Do(func() { _ = s.reader.Close() })
+}
+
+// appendEntries appends msgs to es.
+func appendEntries(es []Entry, msgs []redis.XMessage) []Entry {
+	for _, m := range msgs {
+		es = append(es, Entry{ID: m.ID, Fields: m.Values})
+	}
+	return es
+}
+
+// isNoGroup reports whether err is the server's NOGROUP reply: the group or
+// the stream is gone.
+func isNoGroup(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(strings.TrimPrefix(reply.Error(), "ERR "), "NOGROUP")
+}
+
+// handedBackIdle is the idle time given to entries handed back: longer than
+// any ClaimMinIdle, so that the next claim beat of a peer takes them.
+const handedBackIdle = 30 * 24 * time.Hour
+
+// HandBackArgs is the call that hands entries ids back: XCLAIM on this
+// consumer's own name with JUSTID, which leaves the delivery count alone, and
+// an idle time no peer waits longer than.
+func HandBackArgs(key, group, consumer string, ids []string) []any {
+	args := make([]any, 0, len(ids)+8)
+	args = append(args, "XCLAIM", key, group, consumer, 0)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return append(args, "IDLE", handedBackIdle.Milliseconds(), "JUSTID")
+}
+
+// CheckScripts queues on pipe a run of each server-side script of the loop
+// with arguments that change nothing, so that a client that may not run
+// scripts fails when it subscribes rather than at its first Nack, and so
+// that the server has them cached (EVAL with the body). A nil reply (or
+// redis.Nil) of each is success.
+func CheckScripts(ctx context.Context, pipe redis.Pipeliner, key, group, consumer string) []*redis.Cmd {
+	keys := []string{key}
+	return []*redis.Cmd{
+		holdScript.Eval(ctx, pipe, keys, group, consumer),
+		claimBackScript.Eval(ctx, pipe, keys, group, consumer, "0-1", 0),
+	}
+}
+
+// The server-side scripts of the loop: the steps that must check who holds
+// an entry and act on it in one atomic step. Each touches one stream key, so
+// they run on a cluster as well. A failed XPENDING (NOGROUP when the group
+// or the stream is gone) is returned as the server's own error reply, so
+// that the client sees the same reply prefix on every server version.
+
+// holdScript keeps this consumer's hold on entries it holds (fetched but
+// not yet handled, or in a handler's hands). For each id it returns:
+//   - the delivery count, after resetting the entry's idle time with
+//     XCLAIM ... JUSTID (which leaves the count alone), when the entry is
+//     pending for ARGV[2] and still in the stream;
+//   - -1 when it is pending for ARGV[2] but its body is gone from the stream
+//     (it is left pending, for the caller to acknowledge);
+//   - 0 when it is not pending for ARGV[2] any more.
+//
+// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3...] ids.
+var holdScript = redis.NewScript(`
+local out = {}
+for i = 3, #ARGV do
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if p.err then
+    return p
+  end
+  if #p == 0 then
+    out[#out + 1] = 0
+  elseif #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 0 then
+    out[#out + 1] = -1
+  else
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    out[#out + 1] = p[1][4]
+  end
+end
+return out
+`)
+
+// claimBackScript claims a Nacked entry again for the consumer that Nacked
+// it, which grows its delivery count, unless another consumer has taken it
+// over meanwhile. It returns {"ok", count, fields}, or {"gone"} when the entry
+// is not pending (it was acknowledged elsewhere), {"taken"} when another
+// consumer holds it, {"missing"} when its body was trimmed or deleted (it is
+// left pending, for the caller to acknowledge). Redis 7 and Valkey answer
+// XCLAIM of such an entry with nothing; Redis 6.2 with a null element or an
+// entry without fields.
+//
+// It is idempotent, because a client may send it again after a network
+// error that hid a reply: it claims only while the entry's count is still
+// ARGV[4], that of the Nacked delivery; a higher count means an earlier run
+// of the same call claimed it already, and it answers as that run did.
+//
+// KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] id, ARGV[4] the
+// delivery count of the Nacked delivery.
+var claimBackScript = redis.NewScript(`
+local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if p.err then
+  return p
+end
+if #p == 0 then
+  return {'gone'}
+end
+if p[1][2] ~= ARGV[2] then
+  return {'taken'}
+end
+if p[1][4] > tonumber(ARGV[4]) then
+  local r = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+  if #r == 0 then
+    return {'missing'}
+  end
+  return {'ok', p[1][4], r[1][2]}
+end
+local c = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
+if #c == 0 or not c[1] or not c[1][2] then
+  return {'missing'}
+end
+local q = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+return {'ok', q[1][4], c[1][2]}
+`)

@@ -1,0 +1,139 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/loop"
+)
+
+// A subscription's loop runs in internal/loop: this file hands it the
+// Subscriber's settings and what it reports to (its loop.Deps).
+
+// loopConfig is the part of the Subscriber's config a loop of stream key
+// reads, for consumer (empty in fan-out).
+func (s *Subscriber) loopConfig(key, consumer string) loop.Config {
+	c := &s.config
+	return loop.Config{
+		Stream:           key,
+		Group:            c.ConsumerGroup,
+		Consumer:         consumer,
+		BatchSize:        c.BatchSize,
+		PrefetchWindow:   c.PrefetchWindow,
+		ReadAheadBytes:   c.ReadAheadBytes,
+		BlockTime:        c.BlockTime,
+		ClaimInterval:    c.ClaimInterval,
+		ClaimMinIdle:     c.ClaimMinIdle,
+		AckFlushInterval: c.AckFlushInterval,
+		CloseGrace:       c.CloseGrace,
+		NackDelay:        func(count int64) time.Duration { return nackDelay(c, count) },
+	}
+}
+
+// newGroupLoop returns the loop of the group subscription of stream key
+// under the consumer name that lease holds; cancel ends the subscription
+// (when the name is lost).
+func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc, key string, lease *nameLease,
+	health *subscriptionHealth, logger watermill.LoggerAdapter, out chan *message.Message,
+) *loop.Group {
+	cfg := s.loopConfig(key, lease.name)
+	from := origin{stream: key, group: cfg.Group, consumer: cfg.Consumer}
+	pruner := s.newPruner(key, lease.name, logger)
+	deps := loop.Deps{
+		Server:   loop.NewRedisServer(s.config.Client, key, cfg.Group, cfg.Consumer, cfg.ClaimMinIdle, &s.failover.h),
+		Counters: &s.stats,
+		Logger:   logger,
+		Health:   health,
+		Decode: func(e loop.Entry) (*message.Message, error) {
+			o := from
+			o.entryID = e.ID
+			return decodeEntry(s.config.Unmarshaler, e.Fields, o)
+		},
+		DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
+			return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
+		},
+		Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
+		Reopen:    func(ctx context.Context) error { return s.openGroup(ctx, key) },
+		Prune:     pruner.prune,
+		Release:   s.keepName(ctx, cancel, lease, logger),
+	}
+	// A nil *Member must not become a non-nil loop.Waiter.
+	if m := s.shared.Join(ctx, lease.name, key); m != nil {
+		deps.Shared = m
+	}
+	return loop.NewGroup(cfg, deps, out)
+}
+
+// newFanOut returns the loop of the fan-out subscription of stream key that
+// starts after the entry start.
+func (s *Subscriber) newFanOut(key, start string, health *subscriptionHealth, logger watermill.LoggerAdapter, out chan *message.Message) *loop.FanOut {
+	deps := loop.Deps{
+		Counters: &s.stats,
+		Logger:   logger,
+		Health:   health,
+		Decode: func(e loop.Entry) (*message.Message, error) {
+			return decodeEntry(s.config.Unmarshaler, e.Fields, origin{stream: key, entryID: e.ID})
+		},
+		Delivered: func(id string) { s.observe.delivered(key, "", id) },
+	}
+	return loop.NewFanOut(s.loopConfig(key, ""), deps, loop.RedisRead(s.config.Client, key), start, out)
+}
+
+// fanOutStart resolves where a fan-out subscription begins. StartNew is turned
+// into the id of the last entry now, so that nothing added after Subscribe
+// returns is missed.
+func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error) {
+	if s.config.Start == StartHead {
+		return "0-0", nil
+	}
+	last, err := s.config.Client.XRevRangeN(ctx, key, "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("valkeystream: reading the last entry of stream %q to start a fan-out subscription: %w", key, err)
+	}
+	if len(last) == 0 {
+		return "0-0", nil
+	}
+	return last[0].ID, nil
+}
+
+// deadLetterInvalid copies an entry of stream key that cannot be decoded to
+// the dead-letter stream, as a decodable message with its raw fields, the
+// error and its origin (see invalidEntryRecord), and logs it; the loop then
+// acknowledges it. If the copy fails, the entry stays pending and comes
+// back with the next drain or reclaim. With NoDeadLetter it is only logged
+// with its raw fields.
+func (s *Subscriber) deadLetterInvalid(ctx context.Context, key, consumer string, e loop.Entry, count int64, decodeErr error, logger watermill.LoggerAdapter) error {
+	if s.config.DeadLetterSuffix == NoDeadLetter {
+		logger.Error("Entry cannot be decoded; acknowledged without a dead letter (DeadLetterSuffix is NoDeadLetter)", decodeErr,
+			watermill.LogFields{"entry_id": e.ID, "fields": e.Fields})
+		return nil
+	}
+	dest := key + s.config.DeadLetterSuffix
+	record := invalidEntryRecord(e.Fields, origin{
+		topic:         key[len(s.config.KeyPrefix):],
+		stream:        key,
+		entryID:       e.ID,
+		group:         s.config.ConsumerGroup,
+		consumer:      consumer,
+		deliveryCount: strconv.FormatInt(count, 10),
+	}, decodeErr)
+	fields := watermill.LogFields{"entry_id": e.ID, "dead_letter_stream": dest, "message_uuid": record.UUID}
+	values, err := DefaultMarshaler{}.Marshal("", record)
+	if err == nil {
+		err = s.config.Client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err()
+	}
+	if err != nil {
+		logger.Error("Entry cannot be decoded, and copying it to the dead-letter stream failed; it stays pending",
+			errors.Join(decodeErr, err), fields)
+		return err
+	}
+	logger.Error("Entry cannot be decoded; copied to the dead-letter stream and acknowledged", decodeErr, fields)
+	return nil
+}

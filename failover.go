@@ -15,7 +15,9 @@ type failover struct{ h failoverhints.Hints }
 
 // failed is told the error of a call that failed on client, and reports
 // whether a failover may be under way.
-func (f *failover) failed(client redis.UniversalClient, err error) bool { return f.h.Failed(client, err) }
+func (f *failover) failed(client redis.UniversalClient, err error) bool {
+	return f.h.Failed(client, err)
+}
 
 // retryDelay returns the wait before the next try after a call failed with
 // err: delay, capped while a failover may be under way.

@@ -48,10 +48,11 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
-// Calls made at the same time for the same topic share round trips: a call
-// that finds two in progress waits, then goes with the others that queued
-// meanwhile (up to 1000 messages). Publish returns after the server
-// accepted the call's own messages. If some were not written, the error is a
+// Calls made at the same time for the same topic share round trips: up to
+// eight are in flight at once for a topic, and a call that finds eight in
+// progress waits, then goes with the others that queued meanwhile (up to
+// 1000 messages). Publish returns after the server accepted the call's own
+// messages. If some were not written, the error is a
 // *PublishError that lists their UUIDs; the others were written. A message
 // that cannot be encoded fails the whole call before anything is sent. When
 // a message's context ends before the messages are sent, the call returns at

@@ -10,7 +10,7 @@ import (
 
 // A WAIT that fell short becomes an error wrapping ErrNotReplicated, with
 // the combiner's report after it; other errors pass unchanged.
-func TestNotReplicated(t *testing.T) {
+func TestCombinerWaitErrorsWrapErrNotReplicated(t *testing.T) {
 	wait := combine.ReplicaWait{Replicas: 1, Timeout: 50 * time.Millisecond}
 	lost := errors.New("connection reset")
 	for _, tc := range []struct {

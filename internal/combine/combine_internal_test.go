@@ -139,7 +139,7 @@ func writeAsync(ctx context.Context, c *Combiner, key, name string) chan error {
 // Calls that arrive while maxLeaders round trips are in progress go
 // together in the next one, each with its own outcome: a call whose context
 // ended while it was queued writes nothing.
-func TestConcurrentWritesShareARoundTrip(t *testing.T) {
+func TestCombinerSharesRoundTrips(t *testing.T) {
 	testserver.Parallel(t)
 	c, client, g, counted := gatedCombiner(t)
 	ctx := context.Background()
@@ -193,7 +193,7 @@ func TestConcurrentWritesShareARoundTrip(t *testing.T) {
 }
 
 // Round trips in progress for one stream hold up no call for another.
-func TestWriteToAnotherStreamIsNotHeldUp(t *testing.T) {
+func TestCombinerHoldsUpNoOtherStream(t *testing.T) {
 	testserver.Parallel(t)
 	c, client, g, _ := gatedCombiner(t)
 	slow, other := "combine-slow-"+watermill.NewShortUUID(), "combine-other-"+watermill.NewShortUUID()
@@ -225,7 +225,7 @@ func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // A panic while a shared round trip is sent (in a client hook, say) reaches
 // the leading call; the calls it carried fail with ErrSendAborted, and later
 // calls still go.
-func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
+func TestCombinerReleasesEveryCallAfterAPanic(t *testing.T) {
 	testserver.Parallel(t)
 	c, client, g, _ := gatedCombiner(t)
 	client.AddHook(&panicHook{})
@@ -273,7 +273,7 @@ func TestPanicInASharedRoundTripReleasesEveryCall(t *testing.T) {
 
 // Many goroutines writing at once lose nothing, count every message once,
 // and leave no call waiting.
-func TestManyConcurrentWriters(t *testing.T) {
+func TestCombinerWithManyWriters(t *testing.T) {
 	testserver.Parallel(t)
 	client := newClient(t)
 	var roundTrips, messages atomic.Int64
@@ -310,7 +310,7 @@ func TestManyConcurrentWriters(t *testing.T) {
 // On a server without replicas, a WAIT for one fails every message of the
 // round trip with a *NotReplicatedError, and the entries are written; a
 // one-message call waits too.
-func TestWaitWithoutReplicas(t *testing.T) {
+func TestCombinerWaitWithoutReplicas(t *testing.T) {
 	testserver.Parallel(t)
 	client := newClient(t)
 	wait := ReplicaWait{Replicas: 1, Timeout: 50 * time.Millisecond}
@@ -330,7 +330,7 @@ func TestWaitWithoutReplicas(t *testing.T) {
 	assert.Equal(t, int64(3), client.XLen(context.Background(), key).Val(), "entries written although not replicated")
 }
 
-func TestCheckWaitReply(t *testing.T) {
+func TestCombinerCheckWaitReply(t *testing.T) {
 	wait := ReplicaWait{Replicas: 2, Timeout: 1500 * time.Millisecond}
 	reply := func(n int64, err error) *redis.IntCmd {
 		cmd := redis.NewIntCmd(context.Background(), "wait", 2, 1500)

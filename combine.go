@@ -24,7 +24,7 @@ func newCombiners(client redis.UniversalClient, wait combine.ReplicaWait, stats 
 	return combiners{streams: combine.New(client, wait, stats.roundTrip), wait: replicaWait{wait}}
 }
 
-// replicaWait is the Publisher's replica wait; its errors wrap
+// replicaWait is the Publisher's replica wait, whose WAIT failures wrap
 // ErrNotReplicated.
 type replicaWait struct{ combine.ReplicaWait }
 

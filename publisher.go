@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/combine"
 )
 
 // Publisher appends messages to streams with XADD. It implements
@@ -40,18 +42,17 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	}
 	config.Retention = maps.Clone(config.Retention)
 	stats := &publisherCounters{}
-	return &Publisher{config: config, logger: logger, stats: stats, combiners: combiners{
-		client: config.Client,
-		stats:  stats,
-		wait:   replicaWait{replicas: config.WaitReplicas, timeout: config.WaitTimeout},
-	}}, nil
+	wait := combine.ReplicaWait{Replicas: config.WaitReplicas, Timeout: config.WaitTimeout}
+	return &Publisher{config: config, logger: logger, stats: stats,
+		combiners: newCombiners(config.Client, wait, stats)}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
-// Calls made at the same time for the same topic share round trips: a call
-// that finds two in progress waits, then goes with the others that queued
-// meanwhile (up to 1000 messages). Publish returns after the server
-// accepted the call's own messages. If some were not written, the error is a
+// Calls made at the same time for the same topic share round trips: up to
+// eight are in flight at once for a topic, and a call that finds eight in
+// progress waits, then goes with the others that queued meanwhile (up to
+// 1000 messages). Publish returns after the server accepted the call's own
+// messages. If some were not written, the error is a
 // *PublishError that lists their UUIDs; the others were written. A message
 // that cannot be encoded fails the whole call before anything is sent. When
 // a message's context ends before the messages are sent, the call returns at
@@ -89,8 +90,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 		return p.publishDelayed(topic, msgs, plan) // see delay.go
 	}
 	key := p.config.KeyPrefix + topic
-	req := newWriteRequest(len(msgs))
-	args := req.args
+	req := combine.NewRequest(len(msgs))
+	args := req.Args
 	retention, trim := p.config.Retention[topic]
 	minID := ""
 	if trim && retention.MaxAge > 0 {
@@ -116,12 +117,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	req.ctx = ctx
-	p.combiners.write(key, req)
+	p.combiners.streams.Write(ctx, key, req)
 
 	var failed []string
 	var first error
-	for i, err := range req.errs {
+	for i, err := range req.Errs {
 		if err != nil {
 			failed = append(failed, msgs[i].UUID)
 			if first == nil {
@@ -130,6 +130,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 		}
 	}
 	if first != nil {
+		first = notReplicated(first)
 		p.failover.failed(p.config.Client, first)
 		return &PublishError{Topic: topic, NotSent: failed, Total: len(msgs), Err: first}
 	}

@@ -66,12 +66,3 @@ func (p *Publisher) Stats() PublisherStats {
 		RoundTripMessages: c.roundTripMessages.Load(),
 	}
 }
-
-// countArgs returns how many messages batch carries.
-func countArgs(batch []*writeRequest) int {
-	n := 0
-	for _, r := range batch {
-		n += len(r.args)
-	}
-	return n
-}

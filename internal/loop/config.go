@@ -39,12 +39,8 @@ type Deps struct {
 	Logger   watermill.LoggerAdapter
 	Health   Health
 
-	// Decode turns an entry into the message handed to the handler.
-	Decode func(e Entry) (*message.Message, error)
-	// DeadLetter deals with an entry that cannot be decoded (copies it to
-	// the dead-letter stream, or logs it) and logs what it did; an error
-	// leaves it pending, to come back.
-	DeadLetter func(ctx context.Context, e Entry, count int64, decodeErr error) error
+	Decode     DecodeFunc
+	DeadLetter DeadLetterFunc
 	// Delivered is told of each hand-over to a handler.
 	Delivered func(id string)
 	// Reopen runs the group door again, after NOGROUP.
@@ -56,6 +52,14 @@ type Deps struct {
 	// Acks and before it closes its channel.
 	Release func()
 }
+
+// DecodeFunc turns an entry into the message handed to the handler.
+type DecodeFunc func(e Entry) (*message.Message, error)
+
+// DeadLetterFunc deals with an entry that cannot be decoded, delivered count
+// times (it copies it to the dead-letter stream, or logs it), and logs what
+// it did; an error leaves it pending, to come back.
+type DeadLetterFunc func(ctx context.Context, e Entry, count int64, decodeErr error) error
 
 // Waiter is a subscription's share of a reader that waits for new entries
 // of many streams at once (see internal/sharedread).

@@ -48,7 +48,7 @@ func TestDeletedEntriesOnReclaimAndNack(t *testing.T) {
 	require.Equal(t, sent[0].UUID, m.UUID)
 	// The claimed entry whose body is gone was settled before the reclaimed
 	// batch was delivered, on every server: Redis 7 and Valkey report its id,
-	// Redis 6.2 a bare null, and the loop then sweeps its own pending list.
+	// Redis 6.2 a bare null, and the loop then lists its own pending list.
 	assert.Equal(t, int64(1), peer.Stats().MissingBodies, "the bodiless entry is settled before the batch is delivered")
 	for _, p := range e.pending("g") {
 		if p.ID == m.Metadata.Get(valkeystream.MetadataEntryID) {

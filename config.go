@@ -291,7 +291,7 @@ type SubscriberConfig struct {
 
 	// ClaimMinIdle is how long an entry must have been idle, as the server
 	// measures it, before another consumer reclaims it (XAUTOCLAIM
-	// min-idle-time). A subscription renews its hold on the entries it holds
+	// min-idle-time). A subscription keeps its hold on the entries it holds
 	// every ClaimMinIdle/3, so only entries of a consumer that died or
 	// stalled for this long are reclaimed. It must exceed BlockTime and
 	// AckFlushInterval. The server counts it in whole milliseconds, so it is

@@ -104,7 +104,7 @@ func TestNackLeavesAnEntryThatAnotherConsumerTookOver(t *testing.T) {
 		Stream: e.topic, Group: "g", Consumer: "other", Messages: []string{id}}).Err())
 	before := scripts.Load()
 	m.Nack()
-	// The only script the loop runs here is the Nack claim (renewals come
+	// The only script the loop runs here is the Nack claim (hold beats come
 	// every ClaimMinIdle/3 = 10 s).
 	waitUntil(t, "the Nack claim ran", func() bool { return scripts.Load() > before })
 	expectNothing(t, msgs, 100*time.Millisecond)
@@ -159,7 +159,7 @@ func TestAcksAtOnce(t *testing.T) {
 	e := newEnv(t)
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.AckFlushInterval = valkeystream.AckAtOnce
-		c.ClaimMinIdle = time.Hour // no renewal sends the Acks
+		c.ClaimMinIdle = time.Hour // no hold beat sends the Acks
 	}))
 	e.publishAtOnce(3)
 	for i := range 3 {

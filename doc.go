@@ -26,7 +26,7 @@
 // new: it drains this consumer's own pending entries from cursor 0, on every
 // claim beat it reclaims entries idle longer than
 // [SubscriberConfig.ClaimMinIdle] with XAUTOCLAIM, and only then it reads new
-// entries with XREADGROUP ... >. While it holds entries it renews its hold on
+// entries with XREADGROUP ... >. While it holds entries it keeps its hold on
 // them, so that peers reclaim only the entries of consumers that died.
 // Delivery is at-least-once: a reclaimed or drained entry can arrive after
 // newer ones, and the message UUID (the id the publisher stored, never the

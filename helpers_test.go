@@ -243,7 +243,7 @@ func collect(t *testing.T, msgs <-chan *message.Message) func() []*message.Messa
 
 // leaseClaim makes a peer reclaim within seconds while leaving a renewal
 // (every ClaimMinIdle/3 = 500 ms) a second of slack, so that a loaded machine
-// that delays one renewal does not hand a live entry to the peer.
+// that delays one hold beat does not hand a live entry to the peer.
 func leaseClaim(c *valkeystream.SubscriberConfig) {
 	shortClaim(c)
 	c.ClaimMinIdle = 1500 * time.Millisecond
@@ -420,7 +420,7 @@ func (e *env) commandCounter(name string) (*redis.Client, *atomic.Int64) {
 	return c, &n
 }
 
-// streamScripts counts the calls of the stream's scripts (hold renewals, Nack
+// streamScripts counts the calls of the stream's scripts (hold beats, Nack
 // claims) that e.client's Subscribers have finished.
 func (e *env) streamScripts() *atomic.Int64 {
 	var n atomic.Int64

@@ -85,7 +85,7 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 	p := e.pending("g")
 	require.Len(t, p, 1)
 	assert.Equal(t, "holder", p[0].Consumer, "a live handler's entry must not be reclaimed")
-	assert.Equal(t, int64(1), p[0].RetryCount, "renewing the hold must not grow the delivery count")
+	assert.Equal(t, int64(1), p[0].RetryCount, "keeping the hold must not grow the delivery count")
 	m.Ack()
 	require.NoError(t, holder.Close())
 	assert.Empty(t, peerGot(), "the peer must not receive the entry being handled")
@@ -130,7 +130,7 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
-	// Renewals every second. The claim beat runs once at the start and not
+	// A hold beat every second. The claim beat runs once at the start and not
 	// again within the test, so nothing reclaims the entry from "other".
 	scripts := e.streamScripts()
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
@@ -141,10 +141,10 @@ func TestQueuedEntryTakenOverByAnotherConsumerIsSkipped(t *testing.T) {
 	m := receive(t, msgs) // the other two wait in the loop's queue
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[1].UUID)}}).Err())
-	// The only scripts the loop runs here are renewals; the second to end
+	// The only scripts the loop runs here are hold beats; the second to end
 	// after the XCLAIM started after it, and so has seen the new holder.
-	renewals := scripts.Load()
-	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
+	beats := scripts.Load()
+	waitUntil(t, "two hold beats after the XCLAIM", func() bool { return scripts.Load() >= beats+2 })
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID, "an entry another consumer holds is not delivered here")
@@ -164,7 +164,7 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	sent := e.publishAtOnce(3)
 	m := receive(t, msgs)
 	require.NoError(t, e.client.XDel(ctx, e.topic, receiveEntryID(t, e, sent[1].UUID)).Err())
-	waitUntil(t, "a renewal notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
+	waitUntil(t, "a hold beat notices the deleted body", func() bool { return sub.Stats().MissingBodies == 1 })
 	m.Ack()
 	next := receive(t, msgs)
 	assert.Equal(t, sent[2].UUID, next.UUID)
@@ -174,14 +174,14 @@ func TestQueuedEntryWhoseBodyIsDeletedIsAcknowledgedNotDelivered(t *testing.T) {
 	assert.Empty(t, e.pending("g"))
 }
 
-// An entry waiting to be handed over that a renewal finds held by another
+// An entry waiting to be handed over that a hold beat finds held by another
 // consumer is not delivered: that consumer delivers it.
 func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newEnv(t)
 	scripts := e.streamScripts()
-	// Renewals every second; the claim beat runs once at the start only.
+	// A hold beat every second; the claim beat runs once at the start only.
 	msgs := e.subscribe(e.subscriber("g", "c", fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.ClaimMinIdle = 3 * time.Second
 		c.ClaimInterval = time.Hour
@@ -192,9 +192,9 @@ func TestEntryTakenOverBeforeHandOverIsNotDelivered(t *testing.T) {
 	waitUntil(t, "both entries fetched", func() bool { return len(e.pending("g")) == 2 })
 	require.NoError(t, e.client.XClaim(ctx, &redis.XClaimArgs{Stream: e.topic, Group: "g", Consumer: "other",
 		Messages: []string{receiveEntryID(t, e, sent[0].UUID)}}).Err())
-	// The second renewal to end after the XCLAIM started after it.
-	renewals := scripts.Load()
-	waitUntil(t, "two renewals after the XCLAIM", func() bool { return scripts.Load() >= renewals+2 })
+	// The second hold beat to end after the XCLAIM started after it.
+	beats := scripts.Load()
+	waitUntil(t, "two hold beats after the XCLAIM", func() bool { return scripts.Load() >= beats+2 })
 	m := receive(t, msgs)
 	assert.Equal(t, sent[1].UUID, m.UUID, "the entry another consumer took over is not handed over")
 	m.Ack()

@@ -24,7 +24,7 @@ import (
 // one disruption (a server outage of up to 2 s, a 2 s CLIENT PAUSE, a killed
 // connection; a longer outage gets them once per 2 s begun). They are counts, not timings: the backoff (100 ms doubling)
 // allows about five failed calls in 2 s, and each other kind of failure
-// (renewal, Ack flush) is logged once per streak. A loop that spins or logs
+// (hold beat, Ack flush) is logged once per streak. A loop that spins or logs
 // every retry of a chore goes far beyond them.
 const (
 	maxErrorLinesPerDisruption = 10

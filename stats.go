@@ -41,8 +41,9 @@ type Stats struct {
 	// stays pending, to be counted here when a later copy succeeds.
 	InvalidEntries int64
 	// Faults counts failed calls to the server: reads, claims, Nack claims,
-	// Acks, renewals and dead-letter copies. Reads and claims back off
-	// before they retry; a failed renewal is tried again on its next beat.
+	// Acks, hold beats, lease renewals, dead-letter copies and delayed
+	// moves. Reads and claims back off before they retry; a failed hold beat
+	// or lease renewal is tried again on its next beat.
 	Faults int64
 
 	// ReadAhead is a gauge: entries fetched from the server now waiting in

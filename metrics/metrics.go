@@ -214,7 +214,7 @@ var subscriberCounters = []struct {
 	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
 	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
-	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
+	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, hold beats, lease renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
 }
 
 // subscriberGauges are the gauges of valkeystream.Stats, in order.

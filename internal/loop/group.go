@@ -146,11 +146,12 @@ func (l *Group) Run(ctx context.Context) {
 		}
 	}()
 	defer l.leave()
+	// Interrupt ends a blocked read once ctx ends; it runs once, and the
+	// call here returns when the one for ctx, if any, has finished.
 	stop := context.AfterFunc(ctx, l.deps.Server.Interrupt)
 	defer func() {
-		if stop() {
-			l.deps.Server.Interrupt()
-		}
+		stop()
+		l.deps.Server.Interrupt()
 	}()
 	// The parent of message contexts: a message's context ends when it is
 	// settled, or when CloseGrace has passed after the subscription ended.
@@ -349,7 +350,9 @@ func (l *Group) readShared(ctx context.Context) error {
 	if !w.Since.IsZero() && time.Since(w.Since) >= l.cfg.ClaimMinIdle/2 {
 		// Read long enough ago that a peer may have reclaimed them: check
 		// that they are still this consumer's, with their counts.
-		if _, err := l.enqueueWithCounts(ctx, w.Entries); err != nil {
+		if es := l.unseen(w.Entries); len(es) == 0 {
+			return nil
+		} else if _, err := l.enqueueWithCounts(ctx, es); err != nil {
 			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
 		}
 		return nil
@@ -358,14 +361,39 @@ func (l *Group) readShared(ctx context.Context) error {
 	return nil
 }
 
-// enqueueNew queues entries read for the first time and returns how many.
+// enqueueNew queues entries read for the first time and returns how many
+// it read. An entry that the drain delivered already (the read reached the
+// server before it, see fetchPlan.seen) is not queued again.
 func (l *Group) enqueueNew(es []Entry) int {
-	for _, m := range es {
+	for _, m := range l.unseen(es) {
 		// A first delivery: the server's count is 1 by definition.
 		l.held.push(entry{id: m.ID, fields: m.Fields, count: 1})
 		l.pre.read(m.Fields)
 	}
 	return len(es)
+}
+
+// unseen returns es without the entries the drain delivered already (see
+// fetchPlan.seen).
+func (l *Group) unseen(es []Entry) []Entry {
+	var kept []Entry // nil while nothing was dropped
+	for i, e := range es {
+		if !l.plan.seen(e.ID) {
+			if kept != nil {
+				kept = append(kept, e)
+			}
+			continue
+		}
+		if kept == nil {
+			kept = append(make([]Entry, 0, len(es)), es[:i]...)
+		}
+		l.deps.Logger.Debug("A read sent before the drain brought an entry the drain delivered; not delivering it again",
+			watermill.LogFields{"entry_id": e.ID})
+	}
+	if kept == nil {
+		return es
+	}
+	return kept
 }
 
 // enqueueWithCounts queues es, just read or claimed, with their delivery

@@ -270,3 +270,51 @@ func TestAHoldThatFindsAnEntryTakenDoesNotDeliverIt(t *testing.T) {
 		t.Fatalf("delivered %v, want %v (1-0 and 3-0 belong to another consumer)", got, want)
 	}
 }
+
+// parkingWaiter is a shared reader that read entries for the subscription
+// while it did not wait, and then reported a failed read: it hands the
+// parked entries out at the next wait, as the real one does.
+type parkingWaiter struct {
+	fakeWaiter
+	parked []Entry
+	failed bool
+}
+
+func (w *parkingWaiter) Wait(ctx context.Context, count int64, d time.Duration) (Waited, error) {
+	if !w.failed {
+		w.failed = true
+		w.srv.mu.Lock()
+		w.parked = w.srv.takeNew(count)
+		w.srv.record("parked", ids(w.parked))
+		w.srv.mu.Unlock()
+		return Waited{}, errors.New("connection reset")
+	}
+	if es := w.parked; es != nil {
+		w.parked = nil
+		w.srv.note("wait-parked", strings.Join(ids(es), ","))
+		return Waited{Entries: es, Since: time.Now()}, nil
+	}
+	return w.fakeWaiter.Wait(ctx, count, d)
+}
+
+// Rule: a fault never hands out the same entry twice: entries a shared
+// read took before the fault are delivered by the drain that follows it,
+// and their copies, handed out by the next wait, are not delivered again.
+func TestAFaultNeverHandsOutAnEntryTwice(t *testing.T) {
+	srv := newFakeServer(3)
+	out, _, _ := run(t, testConfig(), srv, &parkingWaiter{fakeWaiter: fakeWaiter{srv: srv, most: 10}})
+	var got []string
+	for len(got) < 3 {
+		m := receive(t, out)
+		got = append(got, m.UUID+"#"+m.Metadata.Get(MetadataDeliveryCount))
+		m.Ack()
+	}
+	srv.add(1)
+	m := receive(t, out)
+	got = append(got, m.UUID+"#"+m.Metadata.Get(MetadataDeliveryCount))
+	m.Ack()
+	want := []string{"1-0#2", "2-0#2", "3-0#2", "4-0#1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v (the drain delivers the parked entries once); log:\n%s", got, want, strings.Join(srv.calls(), "\n"))
+	}
+}

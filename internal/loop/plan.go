@@ -1,6 +1,10 @@
 package loop
 
-import "time"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // step is what a group loop fetches next.
 type step int
@@ -33,6 +37,10 @@ type fetchPlan struct {
 	claimFrom   string // cursor of XAUTOCLAIM
 	nextClaim   time.Time
 	every       time.Duration // the claim beat; negative: never claim
+	// drainedTo is the last id the drain delivered: a read of new entries
+	// that reached the server before the drain brings nothing above it
+	// that the drain did not deliver (see seen).
+	drainedTo entryID
 }
 
 // newFetchPlan returns the plan of a loop that starts: drain first, and claim
@@ -74,6 +82,9 @@ func (p *fetchPlan) mustFetch() bool { return p.missing }
 func (p *fetchPlan) drained(last string) {
 	if last != "" {
 		p.drainFrom = last
+		if id, ok := parseEntryID(last); ok && p.drainedTo.less(id) {
+			p.drainedTo = id
+		}
 		return
 	}
 	p.drainFrom, p.draining = "0", false
@@ -107,4 +118,32 @@ func (p *fetchPlan) claimed(next string, nulls int, now time.Time) {
 // after a fault.
 func (p *fetchPlan) restart() {
 	p.draining, p.missing, p.drainFrom = true, false, "0"
+}
+
+// seen reports whether the entry id, brought by a read of new entries, is
+// one the drain delivered already. Such a read was sent before a fault and
+// reached the server before the drain (a read sent ahead, or a shared read
+// that read for the subscription while it did not wait): what it took was
+// pending for this consumer when the drain read its pending list, so the
+// drain delivered it. A read that reached the server after the drain brings
+// only ids above every pending one, and so above what the drain delivered.
+func (p *fetchPlan) seen(id string) bool {
+	e, ok := parseEntryID(id)
+	return ok && !p.drainedTo.less(e)
+}
+
+// entryID is a stream entry id: milliseconds and sequence.
+type entryID struct{ ms, seq uint64 }
+
+func (a entryID) less(b entryID) bool { return a.ms < b.ms || (a.ms == b.ms && a.seq < b.seq) }
+
+// parseEntryID reads an id such as "1700000000000-3".
+func parseEntryID(s string) (entryID, bool) {
+	ms, seq, ok := strings.Cut(s, "-")
+	if !ok {
+		return entryID{}, false
+	}
+	a, err1 := strconv.ParseUint(ms, 10, 64)
+	b, err2 := strconv.ParseUint(seq, 10, 64)
+	return entryID{a, b}, err1 == nil && err2 == nil
 }

@@ -82,3 +82,27 @@ func TestFetchPlan(t *testing.T) {
 		})
 	}
 }
+
+// After a drain, ids up to the last one it delivered are seen; an id above
+// it, or any id before a drain delivered anything, is not.
+func TestPlanSeenAfterADrain(t *testing.T) {
+	p := newFetchPlan(-1)
+	if p.seen("1-0") {
+		t.Fatal("seen before any drain")
+	}
+	p.drained("1700000000000-5")
+	p.drained("1700000000000-12")
+	p.drained("")
+	for id, want := range map[string]bool{
+		"1700000000000-5": true, "1700000000000-12": true, "1699999999999-99": true,
+		"1700000000000-13": false, "1700000000001-0": false, "junk": false,
+	} {
+		if got := p.seen(id); got != want {
+			t.Errorf("seen(%q) = %v, want %v", id, got, want)
+		}
+	}
+	p.restart()
+	if !p.seen("1700000000000-12") {
+		t.Fatal("a restart forgot what the drain delivered")
+	}
+}

@@ -1,6 +1,8 @@
 package loop
 
 import (
+	"context"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
@@ -16,9 +18,20 @@ import (
 // the Acks included, uses the user's client. For a client of another type (a
 // ring, a wrapper) it is that client itself, and a blocked read ends within
 // BlockTime as before.
-func newBlockingReader(c redis.UniversalClient) (reader redis.UniversalClient, own bool) {
+func newBlockingReader(c redis.UniversalClient) (reader blockingReader, own bool) {
 	switch c := c.(type) {
 	case *redis.Client:
+		if c.Options().Addr == sentinelAddr {
+			// A Sentinel client follows a failover by closing its own
+			// connections to the old master: a connection taken from its
+			// pool is closed with them, so the read fails at once and the
+			// next one goes to the new master (see RedisServer.Block). A
+			// client made from a copy of its options would stay on the old
+			// master until that is demoted. Closing it does not end a read
+			// in progress: at the end of a subscription that read ends
+			// within BlockTime.
+			return c.EphemeralConn(), false
+		}
 		return redis.NewClient(OneConnection(c.Options())), true
 	case *redis.ClusterClient:
 		opt := *c.Options()
@@ -28,6 +41,16 @@ func newBlockingReader(c redis.UniversalClient) (reader redis.UniversalClient, o
 		return c, false
 	}
 }
+
+// blockingReader is what a subscription's blocking reads go through.
+type blockingReader interface {
+	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
+	Close() error
+}
+
+// sentinelAddr is the address go-redis gives the client that
+// redis.NewFailoverClient returns.
+const sentinelAddr = "FailoverClient"
 
 // OneConnection returns a copy of opt for a client of one connection: a
 // reader that holds it in blocking reads, made from the user's options.

@@ -19,7 +19,8 @@ import (
 // *redis.Client or a *redis.ClusterClient.
 type RedisServer struct {
 	client        redis.UniversalClient
-	reader        redis.UniversalClient
+	readerMu      sync.Mutex // guards reader, which Block replaces and Interrupt closes
+	reader        blockingReader
 	ownReader     bool
 	keys          []string // the stream key, as the scripts take it
 	group         string
@@ -83,11 +84,24 @@ func (s *RedisServer) Send(ctx context.Context, t Trip) TripReply {
 
 // Block reads new entries through the subscription's own reader.
 func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
-	streams, err := s.reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
+	s.readerMu.Lock()
+	reader := s.reader
+	s.readerMu.Unlock()
+	streams, err := reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
 	if err != nil {
+		if c, ok := reader.(*redis.Conn); ok {
+			// A connection of the user's pool stays failed once it has
+			// failed: the next read takes a new one.
+			_ = c.Close()
+			s.readerMu.Lock()
+			if s.reader == reader && ctx.Err() == nil {
+				s.reader = s.client.(*redis.Client).EphemeralConn()
+			}
+			s.readerMu.Unlock()
+		}
 		return nil, err
 	}
 	var es []Entry
@@ -168,8 +182,11 @@ func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (Cl
 
 // Failed tells the failover hints of the user's client and of the reader.
 func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
-	if s.ownReader {
-		s.readerHints.Failed(s.reader, err)
+	s.readerMu.Lock()
+	c, ok := s.reader.(*redis.ClusterClient)
+	s.readerMu.Unlock()
+	if ok {
+		s.readerHints.Failed(c, err)
 	}
 	if s.hints == nil {
 		return delay
@@ -179,11 +196,20 @@ func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
 
 // Interrupt closes the reader, once; a second call returns once the first
 // has closed it.
+// A connection of the user's pool (a Sentinel client's) is given back
+// instead: a read in progress on it ends within BlockTime.
 func (s *RedisServer) Interrupt() {
-	if !s.ownReader {
-		return
-	}
-	s.interruptOnce.Do(func() { _ = s.reader.Close() })
+	s.interruptOnce.Do(func() {
+		s.readerMu.Lock()
+		defer s.readerMu.Unlock()
+		if s.ownReader {
+			_ = s.reader.Close()
+			return
+		}
+		if c, ok := s.reader.(*redis.Conn); ok {
+			_ = c.Close()
+		}
+	})
 }
 
 // appendEntries appends msgs to es.

@@ -104,7 +104,7 @@ func NewRegistry(client redis.UniversalClient, group string, block time.Duration
 // connection.
 type reader struct {
 	reg      *Registry
-	client   *redis.Client // its own: one connection
+	conn     readConn // see newReader
 	consumer string
 	logger   watermill.LoggerAdapter
 
@@ -115,10 +115,22 @@ type reader struct {
 	sig     signals
 
 	// Owned by the read loop, reused by every read: a read is sent about
-	// once per message delivered.
-	keys []string
-	args []any
+	// once per message delivered. streams holds the keys, then a ">" each.
+	keys    []string
+	streams []string
 }
+
+// readConn is the one connection a reader reads over: a client of its own
+// (*redis.Client), or one taken from the user's client (*redis.Conn).
+type readConn interface {
+	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
+	ClientID(ctx context.Context) *redis.IntCmd
+	Close() error
+}
+
+// sentinelAddr is the address go-redis gives the client that
+// redis.NewFailoverClient returns.
+const sentinelAddr = "FailoverClient"
 
 // readState is where a reader's read stands; reader.mu guards it.
 type readState struct {
@@ -142,7 +154,6 @@ type signals struct {
 type Member struct {
 	r        *reader
 	name     string                // the stream key
-	key      any                   // the stream key, as a command argument
 	inRead   uint64                // seq of the last read of its stream
 	count    int64                 // prefetch count of the last wait
 	got      chan sharedReadResult // of the wait in progress; nil when not waiting
@@ -209,17 +220,33 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		members:  map[string]*Member{},
 		sig:      signals{wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})},
 	}
-	opt := loop.OneConnection(reg.client.Options())
-	// Its reads block up to BlockTime: their replies may take that long and
-	// more, as go-redis allows its own blocking reads. (An initialised
-	// ReadTimeout of 0 is none, which -1 keeps when the options are
-	// initialised again.)
-	switch {
-	case opt.ReadTimeout == 0:
-		opt.ReadTimeout = -1
-	case opt.ReadTimeout > 0:
-		opt.ReadTimeout = max(opt.ReadTimeout, reg.block+10*time.Second)
+	if reg.client.Options().Addr == sentinelAddr {
+		// A Sentinel client follows a failover by closing its own
+		// connections to the old master (on +switch-master): a connection
+		// taken from its pool is closed with them, so the read fails at once
+		// and the next one goes to the new master. A client of its own, made
+		// from a copy of the options, would stay on the old master until it
+		// is demoted.
+		r.conn = reg.client.EphemeralConn()
+	} else {
+		r.conn = reg.newOwnConn(r)
 	}
+	if err := r.learnID(ctx); err != nil {
+		_ = r.conn.Close()
+		return nil, err
+	}
+	if err := reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err(); err != nil {
+		_ = r.conn.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// newOwnConn returns a client of one connection for r, made from the
+// user's options, whose connection tells r its CLIENT ID each time it
+// connects.
+func (reg *Registry) newOwnConn(r *reader) *redis.Client {
+	opt := loop.OneConnection(reg.client.Options())
 	userOnConnect := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userOnConnect != nil {
@@ -231,21 +258,27 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		if err != nil {
 			return err
 		}
-		r.mu.Lock()
-		r.connID = id
-		r.mu.Unlock()
+		r.setID(id)
 		return nil
 	}
-	r.client = redis.NewClient(opt)
-	err := r.client.Ping(ctx).Err()
-	if err == nil {
-		err = reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err()
-	}
+	return redis.NewClient(opt)
+}
+
+// learnID asks the reader's connection its CLIENT ID (which connects it),
+// for the interrupts.
+func (r *reader) learnID(ctx context.Context) error {
+	id, err := r.conn.ClientID(ctx).Result()
 	if err != nil {
-		_ = r.client.Close()
-		return nil, err
+		return err
 	}
-	return r, nil
+	r.setID(id)
+	return nil
+}
+
+func (r *reader) setID(id int64) {
+	r.mu.Lock()
+	r.connID = id
+	r.mu.Unlock()
 }
 
 func (r *reader) id() int64 {
@@ -261,7 +294,7 @@ func (r *reader) join(key string) *Member {
 	if r.st.ending || len(r.members) >= maxStreams {
 		return nil
 	}
-	m := &Member{r: r, name: key, key: key}
+	m := &Member{r: r, name: key}
 	r.members[key] = m
 	return m
 }
@@ -393,7 +426,7 @@ func signal(c chan struct{}) {
 // what it brings, until the last member has left.
 func (r *reader) readLoop() {
 	defer close(r.sig.done)
-	defer func() { _ = r.client.Close() }()
+	defer func() { _ = r.conn.Close() }()
 	for {
 		r.mu.Lock()
 		for !r.st.ending && !r.nextReadLocked() {
@@ -409,16 +442,38 @@ func (r *reader) readLoop() {
 		r.mu.Unlock()
 
 		// Never cancelled: it ends within BlockTime, or at once by an
-		// interrupt, and its reply is always read.
-		cmd := redis.NewXStreamSliceCmd(context.Background(), r.args...)
-		_ = r.client.Process(context.Background(), cmd)
-		res, err := cmd.Result()
+		// interrupt, and its reply is always read. A blocking read is never
+		// sent again by the client after a connection error (go-redis
+		// retries only reads that do not block): its entries may have been
+		// taken, and the loops drain them.
+		res, err := r.conn.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+			Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
+		}).Result()
 		r.handOut(r.keys, res, err)
+		if err != nil && err != redis.Nil {
+			r.reconnect()
+		}
 	}
 }
 
-// streamsFrom is the argument that asks XREADGROUP for new entries.
-var streamsFrom any = ">"
+// reconnect replaces a connection taken from the user's client after a
+// failed read: a failed one stays failed. (A client of its own connects
+// again by itself.)
+func (r *reader) reconnect() {
+	if _, ok := r.conn.(*redis.Conn); !ok {
+		return
+	}
+	_ = r.conn.Close()
+	r.setID(0)
+	r.conn = r.reg.client.EphemeralConn()
+	// Its id is learned before the next read; until then an interrupt
+	// finds no read of it, and is tried again shortly.
+	ctx, cancel := context.WithTimeout(context.Background(), r.reg.block+time.Second)
+	defer cancel()
+	if err := r.learnID(ctx); err != nil {
+		r.logger.Debug("Could not learn the shared reader's connection id; its next read is not interrupted", watermill.LogFields{"error": err.Error()})
+	}
+}
 
 // nextReadLocked prepares the next read, of the streams of the waiting
 // members and of the covered ones with nothing parked (and no failure to
@@ -426,8 +481,6 @@ var streamsFrom any = ">"
 // whether there is any. r.mu is held.
 func (r *reader) nextReadLocked() bool {
 	r.keys = r.keys[:0]
-	r.args = append(r.args[:0], "XREADGROUP", "GROUP", r.reg.group, r.consumer, "COUNT", nil,
-		"BLOCK", r.reg.block.Milliseconds(), "STREAMS")
 	var count int64
 	seq := r.st.seq + 1
 	for k, m := range r.members {
@@ -435,7 +488,6 @@ func (r *reader) nextReadLocked() bool {
 			continue
 		}
 		r.keys = append(r.keys, k)
-		r.args = append(r.args, m.key)
 		m.inRead = seq
 		if count == 0 || m.count < count {
 			count = m.count
@@ -444,11 +496,11 @@ func (r *reader) nextReadLocked() bool {
 	if len(r.keys) == 0 {
 		return false
 	}
+	r.streams = append(r.streams[:0], r.keys...)
 	for range r.keys {
-		r.args = append(r.args, streamsFrom)
+		r.streams = append(r.streams, ">")
 	}
 	r.st.seq, r.st.count = seq, max(count, 1)
-	r.args[5] = r.st.count
 	return true
 }
 

@@ -471,6 +471,8 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		"+client|id", "+client|unblock"}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
+	require.NoError(t, e.client.Do(ctx, "ACL", "LOG", "RESET").Err())
+	require.NoError(t, e.client.ConfigResetStat(ctx).Err())
 	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "app", Password: "secret"})
 	t.Cleanup(func() { _ = app.Close() })
 
@@ -523,6 +525,17 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	assert.Equal(t, int64(1), e.client.XLen(ctx, topic+valkeystream.DefaultDeadLetterSuffix).Val())
 	assert.Empty(t, e.pending("g"))
 	assert.Zero(t, e.client.Exists(ctx, leaseKeyOf(topic, "g", "app")).Val(), "Close released the lease")
+	refused, err := e.client.Do(ctx, "ACL", "LOG").Slice()
+	require.NoError(t, err)
+	assert.Empty(t, refused, "the server refused commands of the documented user (ACL LOG)")
+	// Reads were shared: only a shared reader sends CLIENT UNBLOCK (its
+	// check when it starts, and its interrupts). Redis 6.2 counts every
+	// CLIENT subcommand as one.
+	cmdstats, err := e.client.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	assert.True(t, strings.Contains(cmdstats, "cmdstat_client|unblock:calls=") ||
+		(!strings.Contains(cmdstats, "cmdstat_client|") && strings.Contains(cmdstats, "cmdstat_client:calls=")),
+		"no CLIENT UNBLOCK reached the server: the subscription read on its own")
 }
 
 func TestSubscribeFailsWhenTheLeaseIsRefused(t *testing.T) {

@@ -1,0 +1,40 @@
+// Package bounded bounds the wait for a call to the server by its context,
+// whatever the client's options. go-redis applies a context's deadline or
+// cancellation to a call in progress only with ContextTimeoutEnabled; else
+// a call on a cut connection lasts the client's ReadTimeout times its
+// retries (12 s with the defaults). Call stops waiting when the context
+// ends; the call itself goes on in its goroutine until the client's own
+// timeouts end it, and what it returns then is dropped.
+package bounded
+
+import "context"
+
+// Call runs f and returns nil once it has returned, or ctx's error as soon
+// as ctx ends, whichever comes first. With a context that never ends, f
+// runs on the caller's goroutine. f must not touch what the caller reads
+// once Call returned an error.
+func Call(ctx context.Context, f func()) error {
+	if ctx.Done() == nil {
+		f()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		select {
+		case <-done: // it ended as well: its result stands
+			return nil
+		default:
+			return ctx.Err()
+		}
+	}
+}

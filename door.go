@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream/internal/lease"
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
@@ -24,37 +25,28 @@ func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 // scripts fails here rather than at its first Nack, and so that the server
 // has them cached: EVAL with the body, which needs no second round trip
 // when the server does not know them yet), and takes the lease on the base
-// consumer name if it is free. When another subscription holds that name,
-// takeName goes on from there (see identity.go). At a distance from the
-// server the round trips of Subscribe are its time, and a router subscribes
-// one handler after another.
+// consumer name if it is free (lease.QueueFirst). When another subscription
+// holds that name, takeName goes on from there (see internal/lease). At a
+// distance from the server the round trips of Subscribe are its time, and a
+// router subscribes one handler after another.
 func (s *Subscriber) openSubscription(ctx context.Context, key string, logger watermill.LoggerAdapter) (*nameLease, error) {
 	group, consumer := s.config.ConsumerGroup, s.config.Consumer
-	lease := s.newLease(key, indexedName(consumer, 1))
-	// Known before the lease is asked for (see takeIndexed).
-	addLiveToken(lease.token)
 	pipe := s.config.Client.Pipeline()
 	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
 	scripts := loop.CheckScripts(ctx, pipe, key, group, consumer)
-	take := leaseTakeScript.Eval(ctx, pipe, []string{lease.key}, lease.token, lease.ttl.Milliseconds())
+	first := lease.QueueFirst(ctx, pipe, s.leaseConfig(key), s.leaseDeps(key, logger))
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	err := doorError(key, group, door.Err())
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
 	}
 	if err != nil {
-		if _, _, taken, _ := parseLeaseTake(take); taken {
-			lease.logger = logger
-			close(lease.stopped) // no keeper ran
-			lease.release()      // which forgets the token too
-		} else {
-			dropLiveToken(lease.token)
-		}
+		first.Abandon() // deletes the lease if the pipeline took it
 		return nil, err
 	}
 	// The pipeline's try is the lease's first: taken, or where the
 	// search for a free name begins.
-	return s.takeName(ctx, key, lease, take, logger)
+	return s.takeName(ctx, first)
 }
 
 // doorError is nil for the door's success (BUSYGROUP included), else the

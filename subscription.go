@@ -61,7 +61,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		},
 		Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
 		Reopen:    func(ctx context.Context) error { return s.openGroup(ctx, key) },
-		Prune:     pruner.prune,
+		Prune:     pruner.Prune,
 		Release:   s.keepName(ctx, cancel, lease, logger),
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.

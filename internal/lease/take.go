@@ -1,0 +1,208 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+)
+
+// takeScript takes the lease if it is free (1), or returns its holder's
+// token and remaining time to live in milliseconds (-1: it never expires).
+//
+// KEYS[1] lease key, ARGV[1] token, ARGV[2] TTL in milliseconds.
+var takeScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+`)
+
+// First is the first try of the lease on the base name, queued on a
+// pipeline with other commands: once the pipeline has run, either Take goes
+// on from its reply, or Abandon gives up the subscription's lease. Only one
+// of them is called, once.
+type First struct {
+	cfg   Config
+	lease *Lease
+	reply *redis.Cmd
+}
+
+// QueueFirst queues on pipe the first try of the lease on cfg.Consumer (a
+// run of the take script with its body, so that the server has it cached
+// for the tries that follow). The caller runs pipe, then calls Take or
+// Abandon.
+func QueueFirst(ctx context.Context, pipe redis.Pipeliner, cfg Config, deps Deps) *First {
+	l := newLease(cfg, deps, indexedName(cfg.Consumer, 1))
+	// Known before the lease is asked for (see take).
+	addLiveToken(l.token)
+	reply := takeScript.Eval(ctx, pipe, []string{l.key}, l.token, l.ttl.Milliseconds())
+	return &First{cfg: cfg, lease: l, reply: reply}
+}
+
+// Take takes a lease on the first consumer name, of Consumer, Consumer-2,
+// Consumer-3, ..., that no live subscription holds. A name held by a
+// subscription that stopped renewing it is waited for, up to the TTL, and
+// taken once its lease lapses. The first try of Consumer is the pipeline's.
+// An error is the one Deps.TakeError makes of the failure.
+func (f *First) Take(ctx context.Context) (*Lease, error) {
+	l, sent := f.lease, f.reply
+	for n := 1; ; n++ {
+		if n > 1 {
+			l, sent = newLease(f.cfg, l.deps, indexedName(f.cfg.Consumer, n)), nil
+		}
+		taken, err := l.take(ctx, sent)
+		if err != nil {
+			return nil, l.deps.TakeError(l.name, err)
+		}
+		if taken {
+			return l, nil
+		}
+	}
+}
+
+// Abandon gives up the lease of a subscription that does not start: it
+// deletes the lease if the pipeline's try took it, and forgets its token.
+func (f *First) Abandon() {
+	if _, _, taken, _ := parseTake(f.reply); taken {
+		close(f.lease.stopped) // no keeper ran
+		f.lease.release()      // which forgets the token too
+		return
+	}
+	dropLiveToken(f.lease.token)
+}
+
+// take takes l, waiting for it while its holder is not proven alive, and
+// reports false when a live subscription holds it. sent, when not nil, is
+// its first try, already sent.
+func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
+	ttl, logger := l.ttl, l.deps.Logger
+	fields := watermill.LogFields{"consumer": l.name, "lease_key": l.key}
+	// Known before the lease is asked for, so that a sibling that finds it
+	// taken knows the holder is alive.
+	addLiveToken(l.token)
+	taken := false
+	defer func() {
+		if !taken {
+			dropLiveToken(l.token)
+		}
+	}()
+
+	poll := min(max(ttl/20, 10*time.Millisecond), 500*time.Millisecond)
+	// A holder renews every ttl/renewals; one that has not renewed by the
+	// time its lease should have lapsed has a longer TTL than ours.
+	deadline := time.Now().Add(ttl + poll)
+	var w watch
+	waiting := false
+	for {
+		if sent == nil {
+			sent = l.try(ctx)
+		}
+		holder, pttl, ok, err := parseTake(sent)
+		sent = nil
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			taken = true
+			if waiting {
+				logger.Info("Took the consumer name after the lease of its previous holder lapsed", fields)
+			}
+			return true, nil
+		}
+		if pttl == -2 {
+			continue // it lapsed between the two steps of the script's reply: ask again
+		}
+		if isLiveToken(holder) {
+			return false, nil // a sibling in this process
+		}
+		switch w.observe(holder, pttl) {
+		case holderAlive:
+			logger.Info("Consumer name is held by a live subscription elsewhere; trying the next one", fields)
+			return false, nil
+		case holderForever:
+			logger.Info("Consumer name is held by a lease without expiry; trying the next one", fields)
+			return false, nil
+		}
+		if time.Now().After(deadline) {
+			logger.Info("Consumer name is still held after ConsumerLeaseTTL although its holder did not renew it (a holder with a longer ConsumerLeaseTTL?); trying the next one", fields)
+			return false, nil
+		}
+		if !waiting {
+			waiting = true
+			logger.Info("Consumer name is leased by another subscription; waiting until it renews the lease (alive: the next name is taken) or the lease lapses (a process that stopped without Close: the name is taken)",
+				watermill.LogFields{"consumer": l.name, "lease_key": l.key, "lease_ttl_left": time.Duration(pttl * int64(time.Millisecond)).String()})
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// try runs takeScript for the lease: it takes the lease if it is free (see
+// parseTake).
+func (l *Lease) try(ctx context.Context) *redis.Cmd {
+	return takeScript.Run(ctx, l.deps.Client, []string{l.key}, l.token, l.ttl.Milliseconds())
+}
+
+// parseTake reads the reply of takeScript: taken, or the holder's token and
+// the lease's remaining time to live in milliseconds.
+func parseTake(cmd *redis.Cmd) (holder string, pttl int64, taken bool, err error) {
+	reply, err := cmd.Result()
+	if err != nil {
+		return "", 0, false, err
+	}
+	if n, ok := reply.(int64); ok && n == 1 {
+		return "", 0, true, nil
+	}
+	pair, ok := reply.([]any)
+	if !ok || len(pair) != 2 {
+		return "", 0, false, fmt.Errorf("unexpected reply %v to the lease request", reply)
+	}
+	holder, _ = pair[0].(string)
+	pttl, ok = pair[1].(int64)
+	if !ok {
+		return "", 0, false, fmt.Errorf("unexpected reply %v to the lease request", reply)
+	}
+	return holder, pttl, false, nil
+}
+
+// verdict is what watching another subscription's lease has shown.
+type verdict int
+
+const (
+	holderUnproven verdict = iota // not renewed yet while watched
+	holderAlive                   // renewed, or taken anew, while watched
+	holderForever                 // the key never expires
+)
+
+// watch follows the holder of a lease across polls. A holder is alive when
+// it renews its lease (the remaining time to live grows) or when a new
+// holder appears between two polls; a holder that died stops renewing, so
+// its lease only shrinks until it lapses.
+type watch struct {
+	seen   bool
+	holder string
+	pttl   int64
+}
+
+func (w *watch) observe(holder string, pttl int64) verdict {
+	if pttl < 0 {
+		return holderForever
+	}
+	if !w.seen {
+		w.seen, w.holder, w.pttl = true, holder, pttl
+		return holderUnproven
+	}
+	if holder != w.holder || pttl > w.pttl {
+		return holderAlive
+	}
+	w.pttl = pttl
+	return holderUnproven
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream/internal/bounded"
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
@@ -60,9 +61,17 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
 		},
 		Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
-		Reopen:    func(ctx context.Context) error { return s.openGroup(ctx, key) },
-		Prune:     pruner.Prune,
-		Release:   s.keepName(ctx, cancel, lease, logger),
+		// Like the loop's own calls, these end when the subscription does,
+		// whatever the client's options (see internal/bounded).
+		Reopen: func(ctx context.Context) error {
+			var err error
+			if berr := bounded.Call(ctx, func() { err = s.openGroup(ctx, key) }); berr != nil {
+				return berr
+			}
+			return err
+		},
+		Prune:   func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
+		Release: s.keepName(ctx, cancel, lease, logger),
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.
 	if m := s.shared.Join(ctx, lease.name, key); m != nil {
@@ -127,7 +136,11 @@ func (s *Subscriber) deadLetterInvalid(ctx context.Context, key, consumer string
 	fields := watermill.LogFields{"entry_id": e.ID, "dead_letter_stream": dest, "message_uuid": record.UUID}
 	values, err := DefaultMarshaler{}.Marshal("", record)
 	if err == nil {
-		err = s.config.Client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err()
+		var addErr error
+		err = bounded.Call(ctx, func() { addErr = s.config.Client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err() })
+		if err == nil {
+			err = addErr
+		}
 	}
 	if err != nil {
 		logger.Error("Entry cannot be decoded, and copying it to the dead-letter stream failed; it stays pending",

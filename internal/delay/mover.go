@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/bounded"
 )
 
 // Config is what a Mover needs from the Subscriber it moves for. Every
@@ -113,8 +115,11 @@ func (m *Mover) due(now time.Time) []*topic {
 // moveOnce moves the due messages of topics in one pipeline, and returns
 // those that filled a batch (more may be due).
 func (m *Mover) moveOnce(ctx context.Context, topics []*topic) (again []*topic) {
-	results := runMoves(ctx, m.config.Client, topics)
-	if ctx.Err() != nil {
+	var results []result
+	// The wait ends with ctx whatever the client's options (see
+	// internal/bounded), so that Close is never held up by a move the
+	// network holds up; the moves are atomic, each runs whole or not.
+	if bounded.Call(ctx, func() { results = runMoves(ctx, m.config.Client, topics) }) != nil || ctx.Err() != nil {
 		return nil
 	}
 	m.mu.Lock()

@@ -6,6 +6,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/bounded"
 )
 
 const (
@@ -13,8 +15,9 @@ const (
 	// four renewals can fail before the lease lapses.
 	renewals = 5
 	// releaseTimeout bounds the release of a lease when a subscription
-	// ends.
-	releaseTimeout = 5 * time.Second
+	// ends, whatever the client's options (see internal/bounded): a lease
+	// not released lapses after its TTL.
+	releaseTimeout = 400 * time.Millisecond
 )
 
 // renewScript extends the lease if it is still ours (1), takes it again if
@@ -78,7 +81,13 @@ func (l *Lease) keep(ctx context.Context, lost context.CancelFunc) {
 			return
 		case <-ticker.C:
 		}
-		state, err := renewScript.Run(ctx, l.deps.Client, []string{l.key}, l.token, l.ttl.Milliseconds()).Int64()
+		var state int64
+		var err error
+		if bounded.Call(ctx, func() {
+			state, err = renewScript.Run(ctx, l.deps.Client, []string{l.key}, l.token, l.ttl.Milliseconds()).Int64()
+		}) != nil {
+			return // ctx ended
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -117,7 +126,12 @@ func (l *Lease) release() {
 	defer dropLiveToken(l.token)
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, l.deps.Client, []string{l.key}, l.token).Err(); err != nil {
+	var released error
+	err := bounded.Call(ctx, func() { released = releaseScript.Run(ctx, l.deps.Client, []string{l.key}, l.token).Err() })
+	if err == nil {
+		err = released
+	}
+	if err != nil {
 		l.deps.Faults.Add(1)
 		l.deps.Logger.Error("Releasing the lease on the consumer name failed; a new subscription under this name waits up to ConsumerLeaseTTL for it",
 			err, watermill.LogFields{"lease_key": l.key})

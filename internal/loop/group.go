@@ -447,22 +447,33 @@ func (l *Group) reportMissing(id string, stillPending bool) {
 }
 
 // leave sends the Acks not sent yet and hands back the entries the loop
-// holds and no handler has, in one round trip, when the loop ends.
+// holds and no handler has, in one round trip, when the loop ends. It waits
+// ExitTimeout at most, for the round trips still on their way and its own
+// together: Acks that do not reach the server mean redeliveries, and
+// entries not handed back are reclaimed after ClaimMinIdle, never lost.
 func (l *Group) leave() {
-	l.acks.land()
-	l.landAheadOnExit()
+	ctx, cancel := context.WithTimeout(context.Background(), ExitTimeout)
+	defer cancel()
+	landed := l.tripsLanded(ctx)
+	if landed {
+		l.acks.land()
+		l.landAheadOnExit()
+	}
 	l.acks.stop()
 	l.hold.stop()
 	if l.deps.Shared != nil {
 		l.held.handBack(l.deps.Shared.Leave()...)
 	}
 	back := l.held.leave()
+	if !landed {
+		l.deps.Counters.Faults.Add(1)
+		l.deps.Logger.Error("Round trips on their way did not come back as the subscription ended; their Acks may not have reached the server (those entries are delivered again), and entries they read come back after ClaimMinIdle",
+			ctx.Err(), watermill.LogFields{"entries_to_hand_back": len(back), "acks_not_sent": l.acks.len()})
+	}
 	ids := l.acks.take()
 	if len(ids) == 0 && len(back) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), CloseFlushTimeout)
-	defer cancel()
 	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back})
 	_ = l.acks.landed(ids, r)
 	if len(back) == 0 {
@@ -477,10 +488,27 @@ func (l *Group) leave() {
 	l.deps.Logger.Debug("Handed back entries no handler has", watermill.LogFields{"entries": len(back)})
 }
 
-// CloseFlushTimeout bounds how long a subscription that ends waits for its
-// last round trip (its Acks, and its entries handed back) to reach the
-// server.
-const CloseFlushTimeout = 5 * time.Second
+// tripsLanded waits until the round trips on their way, if any, have their
+// replies, and reports whether they had them before ctx ended.
+func (l *Group) tripsLanded(ctx context.Context) bool {
+	for _, done := range []<-chan struct{}{l.acks.sent(), l.ahead.trip.doneChan()} {
+		if done == nil {
+			continue
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// ExitTimeout bounds how long a subscription that ends waits for its last
+// round trip (its Acks, and its entries handed back) to reach the server,
+// and, after it, for the release of its consumer name: so that Close ends
+// in about CloseGrace plus twice this even when the network is cut.
+const ExitTimeout = 400 * time.Millisecond
 
 // fault handles a failed call: it re-runs the group door when the group or
 // the stream vanished, backs off, and makes the loop drain its own pending

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream/internal/bounded"
 	"github.com/echomq/valkeystream/internal/failover"
 )
 
@@ -40,9 +41,21 @@ func NewRedisServer(client redis.UniversalClient, key, group, consumer string, c
 		group: group, consumer: consumer, minIdle: claimMinIdle, hints: hints}
 }
 
+// Every call returns when ctx ends, whether or not the client honours
+// context deadlines (see internal/bounded): a subscription that ends is
+// never held up by a call the network holds up.
+
 // Send sends t's XACK, its reads and its hand-back in one pipeline. This is
 // the one place an XACK of the loop is built.
 func (s *RedisServer) Send(ctx context.Context, t Trip) TripReply {
+	var r TripReply
+	if err := bounded.Call(ctx, func() { r = s.send(ctx, t) }); err != nil {
+		return TripReply{AckErr: err, ReadErr: err, BackErr: err}
+	}
+	return r
+}
+
+func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 	pipe := s.client.Pipeline()
 	var ack *redis.IntCmd
 	if len(t.Acks) > 0 {
@@ -83,7 +96,14 @@ func (s *RedisServer) Send(ctx context.Context, t Trip) TripReply {
 }
 
 // Block reads new entries through the subscription's own reader.
-func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
+func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) (es []Entry, err error) {
+	if berr := bounded.Call(ctx, func() { es, err = s.block(ctx, count, block) }); berr != nil {
+		return nil, berr
+	}
+	return es, err
+}
+
+func (s *RedisServer) block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
 	s.readerMu.Lock()
 	reader := s.reader
 	s.readerMu.Unlock()
@@ -119,9 +139,15 @@ func (s *RedisServer) readArgs(count int64, block time.Duration) *redis.XReadGro
 
 // ReadOwn reads own pending entries with XREADGROUP ... <from>.
 func (s *RedisServer) ReadOwn(ctx context.Context, from string, count int64) ([]Entry, error) {
-	streams, err := s.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], from}, Count: count, Block: -1,
-	}).Result()
+	var streams []redis.XStream
+	var err error
+	if berr := bounded.Call(ctx, func() {
+		streams, err = s.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], from}, Count: count, Block: -1,
+		}).Result()
+	}); berr != nil {
+		return nil, berr
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
@@ -134,9 +160,15 @@ func (s *RedisServer) ReadOwn(ctx context.Context, from string, count int64) ([]
 
 // ListOwn lists own pending entries with XPENDING.
 func (s *RedisServer) ListOwn(ctx context.Context, from string, count int64) ([]string, error) {
-	pending, err := s.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: s.keys[0], Group: s.group, Consumer: s.consumer, Start: from, End: "+", Count: count,
-	}).Result()
+	var pending []redis.XPendingExt
+	var err error
+	if berr := bounded.Call(ctx, func() {
+		pending, err = s.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: s.keys[0], Group: s.group, Consumer: s.consumer, Start: from, End: "+", Count: count,
+		}).Result()
+	}); berr != nil {
+		return nil, berr
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -149,8 +181,14 @@ func (s *RedisServer) ListOwn(ctx context.Context, from string, count int64) ([]
 
 // Claim runs XAUTOCLAIM.
 func (s *RedisServer) Claim(ctx context.Context, from string, count int64) (Claimed, error) {
-	reply, err := s.client.Do(ctx, "XAUTOCLAIM", s.keys[0], s.group, s.consumer,
-		s.minIdle.Milliseconds(), from, "COUNT", count).Slice()
+	var reply []any
+	var err error
+	if berr := bounded.Call(ctx, func() {
+		reply, err = s.client.Do(ctx, "XAUTOCLAIM", s.keys[0], s.group, s.consumer,
+			s.minIdle.Milliseconds(), from, "COUNT", count).Slice()
+	}); berr != nil {
+		return Claimed{}, berr
+	}
 	if err != nil {
 		return Claimed{}, err
 	}
@@ -164,7 +202,11 @@ func (s *RedisServer) Hold(ctx context.Context, ids []string) ([]int64, error) {
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	counts, err := holdScript.Run(ctx, s.client, s.keys, args...).Int64Slice()
+	var counts []int64
+	var err error
+	if berr := bounded.Call(ctx, func() { counts, err = holdScript.Run(ctx, s.client, s.keys, args...).Int64Slice() }); berr != nil {
+		return nil, berr
+	}
 	if err == nil && len(counts) != len(ids) {
 		err = fmt.Errorf("the hold call answered %d counts for %d entries", len(counts), len(ids))
 	}
@@ -173,7 +215,13 @@ func (s *RedisServer) Hold(ctx context.Context, ids []string) ([]int64, error) {
 
 // ClaimBack runs claimBackScript.
 func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (ClaimedBack, error) {
-	reply, err := claimBackScript.Run(ctx, s.client, s.keys, s.group, s.consumer, id, count).Slice()
+	var reply []any
+	var err error
+	if berr := bounded.Call(ctx, func() {
+		reply, err = claimBackScript.Run(ctx, s.client, s.keys, s.group, s.consumer, id, count).Slice()
+	}); berr != nil {
+		return ClaimedBack{}, berr
+	}
 	if err != nil {
 		return ClaimedBack{}, err
 	}

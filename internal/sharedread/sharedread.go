@@ -63,6 +63,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream/internal/bounded"
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
@@ -147,7 +148,19 @@ type signals struct {
 	wake chan struct{} // tells the read loop that something changed
 	kick chan struct{} // asks the interrupter to interrupt the read in flight
 	done chan struct{} // closed when the read loop ends
+	// stop ends the wait for a read in flight: endGrace after the last
+	// member left, when the interrupt did not end it (a cut network).
+	stop    context.Context
+	stopNow context.CancelFunc
 }
+
+// endGrace is how long a reader whose last member left waits for its read
+// in flight to end (after its interrupt) before it stops waiting for it.
+const endGrace = 250 * time.Millisecond
+
+// interruptTimeout bounds one interrupt (CLIENT UNBLOCK) of the read in
+// flight.
+const interruptTimeout = time.Second
 
 // Member is one subscription of a shared reader: the loop.Waiter of that
 // subscription. Its fields are guarded by its reader's mu.
@@ -220,6 +233,7 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		members:  map[string]*Member{},
 		sig:      signals{wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})},
 	}
+	r.sig.stop, r.sig.stopNow = context.WithCancel(context.Background())
 	if reg.client.Options().Addr == sentinelAddr {
 		// A Sentinel client follows a failover by closing its own
 		// connections to the old master (on +switch-master): a connection
@@ -232,10 +246,12 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		r.conn = reg.newOwnConn(r)
 	}
 	if err := r.learnID(ctx); err != nil {
+		r.sig.stopNow()
 		_ = r.conn.Close()
 		return nil, err
 	}
 	if err := reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err(); err != nil {
+		r.sig.stopNow()
 		_ = r.conn.Close()
 		return nil, err
 	}
@@ -267,7 +283,11 @@ func (reg *Registry) newOwnConn(r *reader) *redis.Client {
 // learnID asks the reader's connection its CLIENT ID (which connects it),
 // for the interrupts.
 func (r *reader) learnID(ctx context.Context) error {
-	id, err := r.conn.ClientID(ctx).Result()
+	var id int64
+	var err error
+	if berr := bounded.Call(ctx, func() { id, err = r.conn.ClientID(ctx).Result() }); berr != nil {
+		return berr
+	}
 	if err != nil {
 		return err
 	}
@@ -329,6 +349,7 @@ func (m *Member) Leave() []string {
 		}
 		r.interruptLocked(true)
 		signal(r.sig.wake)
+		time.AfterFunc(endGrace, r.sig.stopNow)
 	}
 	return ids
 }
@@ -426,6 +447,7 @@ func signal(c chan struct{}) {
 // what it brings, until the last member has left.
 func (r *reader) readLoop() {
 	defer close(r.sig.done)
+	defer r.sig.stopNow()
 	defer func() { _ = r.conn.Close() }()
 	for {
 		r.mu.Lock()
@@ -446,9 +468,20 @@ func (r *reader) readLoop() {
 		// sent again by the client after a connection error (go-redis
 		// retries only reads that do not block): its entries may have been
 		// taken, and the loops drain them.
-		res, err := r.conn.XReadGroup(context.Background(), &redis.XReadGroupArgs{
-			Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
-		}).Result()
+		var res []redis.XStream
+		var err error
+		if berr := bounded.Call(r.sig.stop, func() {
+			res, err = r.conn.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+				Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
+			}).Result()
+		}); berr != nil {
+			// The reader ends, and neither its interrupt nor its block
+			// time ended the read (the network is cut): the entries it may
+			// take stay pending for the consumer name, for its next drain
+			// or a peer's claim after ClaimMinIdle.
+			r.logger.Error("The shared read did not end as the reader ended; entries it may have taken are drained by this consumer name or reclaimed by peers after ClaimMinIdle", berr, nil)
+			return
+		}
 		r.handOut(r.keys, res, err)
 		if err != nil && err != redis.Nil {
 			r.reconnect()
@@ -468,7 +501,7 @@ func (r *reader) reconnect() {
 	r.conn = r.reg.client.EphemeralConn()
 	// Its id is learned before the next read; until then an interrupt
 	// finds no read of it, and is tried again shortly.
-	ctx, cancel := context.WithTimeout(context.Background(), r.reg.block+time.Second)
+	ctx, cancel := context.WithTimeout(r.sig.stop, r.reg.block+time.Second)
 	defer cancel()
 	if err := r.learnID(ctx); err != nil {
 		r.logger.Debug("Could not learn the shared reader's connection id; its next read is not interrupted", watermill.LogFields{"error": err.Error()})
@@ -566,19 +599,37 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 // handBack hands back entries that a read brought for subscriptions that
 // had ended, so that a peer takes them at its next claim beat.
 func (r *reader) handBack(back map[string][]string) {
-	ctx, cancel := context.WithTimeout(context.Background(), loop.CloseFlushTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), loop.ExitTimeout)
 	defer cancel()
 	pipe := r.reg.client.Pipeline()
 	for key, ids := range back {
 		pipe.Do(ctx, loop.HandBackArgs(key, r.reg.group, r.consumer, ids)...)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	var execErr error
+	err := bounded.Call(ctx, func() { _, execErr = pipe.Exec(ctx) })
+	if err == nil {
+		err = execErr
+	}
+	if err != nil {
 		r.reg.faults.Add(1)
 		r.logger.Error("Handing back entries read for subscriptions that had ended failed; peers reclaim them after ClaimMinIdle, or this consumer name drains them when it subscribes again",
 			err, watermill.LogFields{"streams": len(back)})
 		return
 	}
 	r.logger.Debug("Handed back entries read for subscriptions that had ended", watermill.LogFields{"streams": len(back)})
+}
+
+// unblock sends CLIENT UNBLOCK for the reader's connection, and waits
+// interruptTimeout for the answer at most.
+func (r *reader) unblock() (int, error) {
+	ctx, cancel := context.WithTimeout(r.sig.stop, interruptTimeout)
+	defer cancel()
+	var n int
+	var err error
+	if berr := bounded.Call(ctx, func() { n, err = r.reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Int() }); berr != nil {
+		return 0, berr
+	}
+	return n, err
 }
 
 // interrupter ends the read in flight when asked (kick): it sends CLIENT
@@ -597,7 +648,7 @@ func (r *reader) interrupter() {
 		r.mu.Unlock()
 		pause := 50 * time.Microsecond
 		for reading {
-			n, err := r.reg.client.Do(context.Background(), "CLIENT", "UNBLOCK", r.id()).Int()
+			n, err := r.unblock()
 			if err != nil {
 				r.reg.faults.Add(1)
 				r.logger.Error("Interrupting the shared read failed; waiting subscriptions read again when it times out (BlockTime)", err, nil)

@@ -1,0 +1,66 @@
+package valkeystream_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/testserver"
+)
+
+// closeCutBound bounds Close while the network is cut, with no handler
+// holding a message: the documented bound is CloseGrace (not waited for
+// here) plus about one second; the margin is for a loaded machine. A Close
+// that waits for the client's own timeouts takes its ReadTimeout times its
+// retries (12 s with go-redis' defaults), far above it.
+const closeCutBound = 3 * time.Second
+
+// TestCloseIsBoundedWhileTheNetworkIsCut cuts the network between a
+// Subscriber on go-redis' default options (no ContextTimeoutEnabled) and
+// the server while its subscriptions hold entries and Acks, and closes it:
+// Close returns in about a second, and what it could not send is delivered
+// again once the network heals.
+func TestCloseIsBoundedWhileTheNetworkIsCut(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	proxy := testserver.NewProxy(t, e.srv.Addr())
+	cut := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { _ = cut.Close() })
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.Client = cut
+		c.AckFlushInterval = 20 * time.Second // Acks held until Close
+		c.BatchSize = 10
+		c.PrefetchWindow = valkeystream.FullBatches
+		c.ConsumerLeaseTTL = time.Second // the release cannot reach the server
+	})
+	e.publish(20)
+	msgs := e.subscribe(sub)
+	// A second topic: one more subscription waiting with the shared reader.
+	e.subscribeTo(sub, e.topic+"-idle")
+	for range 5 {
+		receive(t, msgs).Ack()
+	}
+	proxy.Cut()
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	t.Logf("Close took %s while the network was cut", took.Round(time.Millisecond))
+	if took > closeCutBound {
+		t.Fatalf("Close took %s while the network was cut, want at most %s", took, closeCutBound)
+	}
+	proxy.Heal()
+
+	// Nothing lost: a new subscription under the name gets every entry not
+	// acknowledged, the ones whose Acks did not reach the server included.
+	again := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.ConsumerLeaseTTL = time.Second })
+	got := map[string]bool{}
+	in := e.subscribe(again)
+	for len(got) < 15 {
+		m := receive(t, in)
+		got[string(m.Payload)] = true
+		m.Ack()
+	}
+}

@@ -16,7 +16,28 @@ import (
 // where BUSYGROUP is success and every other reply an error.
 func (s *Subscriber) openGroup(ctx context.Context, key string) error {
 	err := s.config.Client.XGroupCreateMkStream(ctx, key, s.config.ConsumerGroup, s.config.Start.id()).Err()
-	return doorError(key, s.config.ConsumerGroup, err)
+	return s.doorError(ctx, key, err)
+}
+
+// doorError is nil for the door's success (BUSYGROUP included), else the
+// *GroupCreateError for err. A full server (maxmemory) refuses XGROUP
+// CREATE with OOM before it would answer BUSYGROUP: then the group is asked
+// for with XINFO GROUPS, which only reads, and the door succeeds if it
+// exists, so that a consumer restarted while the server is full drains its
+// backlog.
+func (s *Subscriber) doorError(ctx context.Context, key string, err error) error {
+	group := s.config.ConsumerGroup
+	if redis.HasErrorPrefix(err, "OOM") {
+		groups, ierr := s.config.Client.XInfoGroups(ctx, key).Result()
+		for _, g := range groups {
+			if ierr == nil && g.Name == group {
+				s.logger.Info("The server is out of memory (maxmemory) and refused XGROUP CREATE; the group exists, so the subscription starts",
+					watermill.LogFields{"stream": key, "consumer_group": group})
+				return nil
+			}
+		}
+	}
+	return doorError(key, group, err)
 }
 
 // openSubscription starts a group subscription to key in one round trip:
@@ -36,7 +57,7 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	scripts := loop.CheckScripts(ctx, pipe, key, group, consumer)
 	first := lease.QueueFirst(ctx, pipe, s.leaseConfig(key), s.leaseDeps(key, logger))
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	err := doorError(key, group, door.Err())
+	err := s.doorError(ctx, key, door.Err())
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
 	}

@@ -63,7 +63,10 @@ func (e *GroupCreateError) Error() string {
 	msg := fmt.Sprintf("valkeystream: creating consumer group %q on stream %q (XGROUP CREATE ... MKSTREAM): %v",
 		e.Group, e.Key, e.Err)
 	var reply redis.Error
-	if errors.As(e.Err, &reply) {
+	switch {
+	case redis.HasErrorPrefix(e.Err, "OOM"):
+		msg += "; the server is full (maxmemory with noeviction): a new group needs memory, free some or raise maxmemory"
+	case errors.As(e.Err, &reply):
 		// The server refused: say what usually causes that.
 		msg += "; check that the key holds a stream (or is free) and that the client may run XGROUP"
 	}

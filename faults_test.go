@@ -1,6 +1,7 @@
 package valkeystream_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -63,4 +64,41 @@ func TestCloseIsBoundedWhileTheNetworkIsCut(t *testing.T) {
 		got[string(m.Payload)] = true
 		m.Ack()
 	}
+}
+
+// TestSubscribeOnAFullServer fills the server (maxmemory below what it
+// uses, noeviction): a consumer that starts then, on a group that exists,
+// subscribes and drains the backlog (XGROUP CREATE is refused with OOM
+// before BUSYGROUP, and so is its name's lease); on a group that does not
+// exist, Subscribe fails with the server's OOM reply.
+func TestSubscribeOnAFullServer(t *testing.T) {
+	testserver.Parallel(t)
+	ctx := context.Background()
+	e := newEnv(t)
+	require.NoError(t, e.client.XGroupCreateMkStream(ctx, e.topic, "g", "0").Err())
+	e.publish(30)
+	require.NoError(t, e.client.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, e.client.ConfigSet(ctx, "maxmemory", "1").Err())
+	t.Cleanup(func() { _ = e.client.ConfigSet(context.Background(), "maxmemory", "0").Err() })
+	require.ErrorContains(t, e.client.Set(ctx, "probe", "x", 0).Err(), "OOM", "the server is not full: the test shows nothing")
+
+	sub := e.subscriber("g", "restarted")
+	msgs := e.subscribe(sub)
+	for range 30 {
+		receive(t, msgs).Ack()
+	}
+	require.Eventually(t, func() bool { return len(e.pending("g")) == 0 }, receiveTimeout, 20*time.Millisecond,
+		"the backlog acknowledged while the server is full")
+
+	other := e.subscriber("new-group", "c")
+	_, err := other.Subscribe(ctx, e.topic)
+	var door *valkeystream.GroupCreateError
+	require.ErrorAs(t, err, &door, "a group that does not exist cannot be made on a full server")
+	require.ErrorContains(t, err, "OOM")
+
+	// Once the server accepts writes again, the name's lease is taken.
+	require.NoError(t, e.client.ConfigSet(ctx, "maxmemory", "0").Err())
+	require.Eventually(t, func() bool {
+		return e.client.Exists(ctx, leaseKeyOf(e.topic, "g", "restarted")).Val() == 1
+	}, receiveTimeout, 50*time.Millisecond, "the lease taken once the server had room")
 }

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -102,6 +103,20 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 		}
 		holder, pttl, ok, err := parseTake(sent)
 		sent = nil
+		if redis.HasErrorPrefix(err, "OOM") {
+			// The server is full (maxmemory) and refuses the new key. A
+			// consumer restarted then is the one that must drain its
+			// backlog, so a free name is used without its lease, and the
+			// keeper takes the lease once the server accepts writes again
+			// (keep.go); a held name goes the usual way.
+			holder, pttl, err = l.peek(ctx)
+			if err == nil && pttl == -2 {
+				taken = true
+				logger.Error("The server is out of memory (maxmemory) and refused the lease on the consumer name; the subscription starts without it and takes it as soon as the server accepts writes again. Until then a subscription of the same name elsewhere is not kept out",
+					nil, fields)
+				return true, nil
+			}
+		}
 		if err != nil {
 			return false, err
 		}
@@ -149,6 +164,31 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 // parseTake).
 func (l *Lease) try(ctx context.Context) *redis.Cmd {
 	return takeScript.Run(ctx, l.deps.Client, []string{l.key}, l.token, l.ttl.Milliseconds())
+}
+
+// peek reads the lease without writing: its holder's token and its time to
+// live in milliseconds (-2: there is none, as PTTL answers).
+func (l *Lease) peek(ctx context.Context) (holder string, pttl int64, err error) {
+	pipe := l.deps.Client.Pipeline()
+	get := pipe.Get(ctx, l.key)
+	ttl := pipe.PTTL(ctx, l.key)
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if holder, err = get.Result(); errors.Is(err, redis.Nil) {
+		holder, err = "", nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	d, err := ttl.Result()
+	switch {
+	case err != nil:
+		return "", 0, err
+	case d == -2 || holder == "":
+		return "", -2, nil
+	case d < 0:
+		return holder, -1, nil
+	}
+	return holder, d.Milliseconds(), nil
 }
 
 // parseTake reads the reply of takeScript: taken, or the holder's token and

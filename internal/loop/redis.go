@@ -96,7 +96,9 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 }
 
 // Block reads new entries through the subscription's own reader.
-func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) (es []Entry, err error) {
+func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
+	var es []Entry
+	var err error
 	if berr := bounded.Call(ctx, func() { es, err = s.block(ctx, count, block) }); berr != nil {
 		return nil, berr
 	}

@@ -36,6 +36,13 @@ var (
 	// them.
 	ErrNotReplicated = errors.New("valkeystream: not acknowledged by enough replicas")
 
+	// ErrMaybeWritten is matched (errors.Is) by a *PublishError whose
+	// MaybeWritten lists messages: they were sent, and the connection failed
+	// before the server answered, so they may be in the stream. Publishing
+	// them again may store duplicates, which consumers drop by UUID (see
+	// Deduplicator). The client never sends an XADD twice itself.
+	ErrMaybeWritten = errors.New("valkeystream: the messages may have been written")
+
 	// ErrDeliveryLimit is wrapped, together with the handler's error, by the
 	// error that the [DeliveryLimit] middleware returns when a handler fails
 	// on a delivery at or past the limit. Match it in the filter of
@@ -76,16 +83,22 @@ func (e *GroupCreateError) Error() string {
 func (e *GroupCreateError) Unwrap() error { return e.Err }
 
 // PublishError is returned by Publish when some messages were not written,
-// or, when Err wraps [ErrNotReplicated], written on the master without the
-// acknowledgement of enough replicas. The other messages of the call were
-// accepted (and acknowledged).
+// may have been written (the connection failed after they were sent: see
+// ErrMaybeWritten), or, when Err wraps [ErrNotReplicated], were written on
+// the master without the acknowledgement of enough replicas. The other
+// messages of the call were accepted (and acknowledged).
 type PublishError struct {
 	Topic string // the topic passed to Publish
-	// NotSent lists the UUIDs of the messages that were not written or not
-	// acknowledged by enough replicas, in call order.
+	// NotSent lists the UUIDs of the messages that were not written (the
+	// server refused them, or they were never sent) or, with
+	// ErrNotReplicated, not acknowledged by enough replicas, in call order.
 	NotSent []string
-	Total   int   // how many messages the call carried
-	Err     error // the first failure
+	// MaybeWritten lists the UUIDs of the messages sent on a connection that
+	// failed before the server answered, in call order: each may be in the
+	// stream or not.
+	MaybeWritten []string
+	Total        int   // how many messages the call carried
+	Err          error // the first failure
 }
 
 func (e *PublishError) Error() string {
@@ -93,8 +106,22 @@ func (e *PublishError) Error() string {
 		return fmt.Sprintf("valkeystream: %d of %d messages written to topic %q without enough replica acknowledgements (uuids %s): %v; they may be lost in a failover, and publishing them again may store duplicates",
 			len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", "), e.Err)
 	}
-	return fmt.Sprintf("valkeystream: %d of %d messages not written to topic %q (uuids %s): %v",
-		len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", "), e.Err)
+	var parts []string
+	if len(e.NotSent) > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d messages not written to topic %q (uuids %s)",
+			len(e.NotSent), e.Total, e.Topic, strings.Join(e.NotSent, ", ")))
+	}
+	if len(e.MaybeWritten) > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d messages may have been written to topic %q, the connection failed before the server answered (uuids %s; publishing them again may store duplicates)",
+			len(e.MaybeWritten), e.Total, e.Topic, strings.Join(e.MaybeWritten, ", ")))
+	}
+	return "valkeystream: " + strings.Join(parts, "; ") + ": " + e.Err.Error()
+}
+
+// Is reports whether target is ErrMaybeWritten and some messages may have
+// been written.
+func (e *PublishError) Is(target error) bool {
+	return target == ErrMaybeWritten && len(e.MaybeWritten) > 0
 }
 
 func (e *PublishError) Unwrap() error { return e.Err }

@@ -2,8 +2,13 @@ package valkeystream_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -101,4 +106,84 @@ func TestSubscribeOnAFullServer(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return e.client.Exists(ctx, leaseKeyOf(e.topic, "g", "restarted")).Val() == 1
 	}, receiveTimeout, 50*time.Millisecond, "the lease taken once the server had room")
+}
+
+// TestPublishTellsTheTruthDuringAResetStorm publishes from four goroutines
+// while every connection of the client is reset every 50 ms: no message is
+// stored twice (the client never sends an XADD again by itself), every
+// Publish that returned nil stored its message, and every message a
+// PublishError lists as not written is absent from the stream.
+func TestPublishTellsTheTruthDuringAResetStorm(t *testing.T) {
+	testserver.Parallel(t)
+	ctx := context.Background()
+	e := newEnv(t)
+	proxy := testserver.NewProxy(t, e.srv.Addr())
+	stormy := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { _ = stormy.Close() })
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: stormy}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	storm := proxy.ResetEvery(50*time.Millisecond, 3*time.Second)
+	var mu sync.Mutex
+	ok, notWritten, maybe := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-storm:
+					return
+				default:
+				}
+				m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+				err := pub.Publish(e.topic, m)
+				mu.Lock()
+				var pe *valkeystream.PublishError
+				switch {
+				case err == nil:
+					ok[m.UUID] = true
+				case errors.As(err, &pe):
+					for _, id := range pe.NotSent {
+						notWritten[id] = true
+					}
+					for _, id := range pe.MaybeWritten {
+						maybe[id] = true
+					}
+					require.Equal(t, len(pe.MaybeWritten) > 0, errors.Is(err, valkeystream.ErrMaybeWritten))
+				default:
+					t.Errorf("Publish returned %v, not a *PublishError", err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	stored := map[string]int{}
+	entries, err := e.client.XRange(ctx, e.topic, "-", "+").Result()
+	require.NoError(t, err)
+	for _, en := range entries {
+		stored[en.Values[valkeystream.FieldUUID].(string)]++
+	}
+	twice, maybeStored := 0, 0
+	for id, n := range stored {
+		if n > 1 {
+			twice++
+		}
+		if maybe[id] {
+			maybeStored++
+		}
+	}
+	t.Logf("%d published, %d not written, %d may have been written (%d of them stored), %d stored twice, %d resets",
+		len(ok), len(notWritten), len(maybe), maybeStored, twice, proxy.Stats().Reset)
+	require.Zero(t, twice, "messages stored twice by one Publish")
+	require.NotZero(t, len(notWritten)+len(maybe), "no Publish failed: the storm shows nothing")
+	for id := range ok {
+		require.Equal(t, 1, stored[id], "a Publish that returned nil did not store %s", id)
+	}
+	for id := range notWritten {
+		require.Zero(t, stored[id], "%s is in the stream, but its PublishError said it was not written", id)
+	}
 }

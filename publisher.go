@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -64,9 +65,11 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // later is held back until then; a call that carries one is written in one
 // atomic step, all or nothing (see docs/delay.md).
 //
-// An error after the messages were sent (a connection lost before the reply)
-// can hide a write that happened: publishing again then stores a duplicate,
-// which consumers drop by UUID.
+// An XADD is never sent twice by the client (go-redis' retries are off for
+// it), so one call stores each message once at most. A connection lost
+// after the messages were sent hides whether they were written: those are
+// listed in PublishError.MaybeWritten (errors.Is(err, ErrMaybeWritten));
+// publishing them again may store duplicates, which consumers drop by UUID.
 //
 // With PublisherConfig.WaitReplicas, Publish also waits until that many
 // replicas have the messages; an error wrapping [ErrNotReplicated] means
@@ -119,20 +122,25 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	defer cancel()
 	p.combiners.streams.Write(ctx, key, req)
 
-	var failed []string
+	var failed, maybe []string
 	var first error
 	for i, err := range req.Errs {
-		if err != nil {
+		if err == nil {
+			continue
+		}
+		if mayHaveWritten(err) {
+			maybe = append(maybe, msgs[i].UUID)
+		} else {
 			failed = append(failed, msgs[i].UUID)
-			if first == nil {
-				first = err
-			}
+		}
+		if first == nil {
+			first = err
 		}
 	}
 	if first != nil {
 		first = notReplicated(first)
 		p.failover.failed(p.config.Client, first)
-		return &PublishError{Topic: topic, NotSent: failed, Total: len(msgs), Err: first}
+		return &PublishError{Topic: topic, NotSent: failed, MaybeWritten: maybe, Total: len(msgs), Err: first}
 	}
 	// No per-call log line: a Watermill logger cannot say whether it would
 	// drop a line, so the fields alone would cost an allocation per call.
@@ -198,4 +206,24 @@ func uuids(msgs []*message.Message) []string {
 		ids[i] = m.UUID
 	}
 	return ids
+}
+
+// mayHaveWritten reports whether a message whose XADD failed with err may
+// be in the stream all the same: it was sent, and no answer of the server
+// came back. A server's reply, a connection never made, a closed client
+// and a call never sent mean it was not written; a reply of too few
+// replicas means it was.
+func mayHaveWritten(err error) bool {
+	var reply redis.Error
+	var op *net.OpError
+	switch {
+	case errors.Is(err, combine.ErrUnsent), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
+		return false
+	case errors.As(err, &reply):
+		return false
+	case errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	var short *combine.NotReplicatedError
+	return !errors.As(err, &short)
 }

@@ -22,10 +22,15 @@ type PublisherStats struct {
 	// round trip, which grows when concurrent calls share round trips.
 	RoundTrips        int64
 	RoundTripMessages int64
+	// MaybeWrittenMessages counts messages of failed calls that may have
+	// been written (see ErrMaybeWritten): neither in Messages nor in
+	// FailedMessages.
+	MaybeWrittenMessages int64
 }
 
 type publisherCounters struct {
 	calls, failedCalls, messages, failedMessages, roundTrips, roundTripMessages atomic.Int64
+	maybeWritten                                                                atomic.Int64
 }
 
 // published counts a Publish call of n messages that returned err.
@@ -36,13 +41,14 @@ func (c *publisherCounters) published(n int, err error) {
 		return
 	}
 	c.failedCalls.Add(1)
-	failed := n
+	failed, maybe := n, 0
 	var pe *PublishError
-	if errors.As(err, &pe) && pe.NotSent != nil {
-		failed = len(pe.NotSent)
+	if errors.As(err, &pe) && (pe.NotSent != nil || pe.MaybeWritten != nil) {
+		failed, maybe = len(pe.NotSent), len(pe.MaybeWritten)
 	}
 	c.failedMessages.Add(int64(failed))
-	c.messages.Add(int64(n - failed))
+	c.maybeWritten.Add(int64(maybe))
+	c.messages.Add(int64(n - failed - maybe))
 }
 
 // roundTrip counts a request to the server carrying n messages.
@@ -64,5 +70,7 @@ func (p *Publisher) Stats() PublisherStats {
 		FailedMessages:    c.failedMessages.Load(),
 		RoundTrips:        c.roundTrips.Load(),
 		RoundTripMessages: c.roundTripMessages.Load(),
+
+		MaybeWrittenMessages: c.maybeWritten.Load(),
 	}
 }

@@ -8,6 +8,7 @@ package combine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -27,6 +28,10 @@ const maxCombined = 1000
 // eight, go-redis alone with one connection each 13k/s). At loopback the
 // batches stay large either way.
 const maxLeaders = 8
+
+// ErrUnsent is wrapped by the error of a call that was never sent: its
+// context ended while it waited for a round trip.
+var ErrUnsent = errors.New("not sent")
 
 // ErrSendAborted is the outcome of calls carried in a round trip whose
 // sending panicked (in a client hook, say) in the goroutine of another call.
@@ -225,7 +230,7 @@ func (s *stream) send(batch []*Request) {
 		live := batch[:0:0]
 		for _, r := range batch {
 			if err := r.ctx.Err(); err != nil {
-				fillErr(r.Errs, err)
+				fillErr(r.Errs, fmt.Errorf("%w: %w", ErrUnsent, err))
 				continue
 			}
 			live = append(live, r)
@@ -242,7 +247,9 @@ func (s *stream) send(batch []*Request) {
 		s.roundTrip(countArgs(batch))
 	}
 	if s.wait.Replicas == 0 && len(batch) == 1 && len(batch[0].Args) == 1 {
-		batch[0].Errs[0] = s.client.XAdd(ctx, &batch[0].Args[0]).Err()
+		cmd := xadd(ctx, &batch[0].Args[0])
+		_ = s.client.Process(ctx, once{cmd})
+		batch[0].Errs[0] = cmd.Err()
 		return
 	}
 	pipe, err := s.wait.Pipeline(ctx, s.client, s.key)
@@ -255,7 +262,9 @@ func (s *stream) send(batch []*Request) {
 	cmds := make([]*redis.StringCmd, 0, maxCombined)
 	for _, r := range batch {
 		for i := range r.Args {
-			cmds = append(cmds, pipe.XAdd(ctx, &r.Args[i]))
+			cmd := xadd(ctx, &r.Args[i])
+			_ = pipe.Process(ctx, once{cmd})
+			cmds = append(cmds, cmd)
 		}
 	}
 	var wait *redis.IntCmd
@@ -307,4 +316,42 @@ func fillErr(errs []error, err error) {
 	for i := range errs {
 		errs[i] = err
 	}
+}
+
+// once is a command that the client never sends again after a connection
+// error (go-redis retries a command or pipeline MaxRetries times unless one
+// of its commands says NoRetry): an XADD sent twice stores its message
+// twice. A pipeline that carries one is not sent again either.
+type once struct{ *redis.StringCmd }
+
+func (once) NoRetry() bool { return true }
+
+// xadd is the XADD of a, for the fields a Publisher sets (Stream, Values
+// as alternating fields and values, MaxLen or MinID, Approx), laid out as
+// go-redis' XAdd lays them out.
+func xadd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd {
+	values, _ := a.Values.([]any)
+	args := make([]any, 0, 8+len(values))
+	args = append(args, "xadd", a.Stream)
+	switch {
+	case a.MaxLen > 0:
+		if a.Approx {
+			args = append(args, "maxlen", "~", a.MaxLen)
+		} else {
+			args = append(args, "maxlen", a.MaxLen)
+		}
+	case a.MinID != "":
+		if a.Approx {
+			args = append(args, "minid", "~", a.MinID)
+		} else {
+			args = append(args, "minid", a.MinID)
+		}
+	}
+	if a.ID != "" {
+		args = append(args, a.ID)
+	} else {
+		args = append(args, "*")
+	}
+	args = append(args, values...)
+	return redis.NewStringCmd(ctx, args...)
 }

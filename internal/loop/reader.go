@@ -2,6 +2,7 @@ package loop
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -18,7 +19,7 @@ import (
 // the Acks included, uses the user's client. For a client of another type (a
 // ring, a wrapper) it is that client itself, and a blocked read ends within
 // BlockTime as before.
-func newBlockingReader(c redis.UniversalClient) (reader blockingReader, own bool) {
+func newBlockingReader(c redis.UniversalClient, block time.Duration) (reader blockingReader, own bool) {
 	switch c := c.(type) {
 	case *redis.Client:
 		if c.Options().Addr == sentinelAddr {
@@ -32,10 +33,13 @@ func newBlockingReader(c redis.UniversalClient) (reader blockingReader, own bool
 			// within BlockTime.
 			return c.EphemeralConn(), false
 		}
-		return redis.NewClient(OneConnection(c.Options())), true
+		opt := OneConnection(c.Options())
+		opt.ReadTimeout = BlockingReadTimeout(opt.ReadTimeout, block)
+		return redis.NewClient(opt), true
 	case *redis.ClusterClient:
 		opt := *c.Options()
 		opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 0
+		opt.ReadTimeout = BlockingReadTimeout(opt.ReadTimeout, block)
 		return redis.NewClusterClient(&opt), true
 	default:
 		return c, false
@@ -46,6 +50,21 @@ func newBlockingReader(c redis.UniversalClient) (reader blockingReader, own bool
 type blockingReader interface {
 	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
 	Close() error
+}
+
+// BlockingReadTimeout is the ReadTimeout of a reader of blocking reads of
+// up to block, made from a client whose ReadTimeout is timeout: a reply may
+// take block and more, as go-redis allows its own blocking reads (block
+// plus 10 s). An initialised ReadTimeout of 0 is none, which -1 keeps when
+// the options are initialised again.
+func BlockingReadTimeout(timeout, block time.Duration) time.Duration {
+	switch {
+	case timeout == 0:
+		return -1
+	case timeout > 0:
+		return max(timeout, block+10*time.Second)
+	}
+	return timeout
 }
 
 // sentinelAddr is the address go-redis gives the client that

@@ -33,10 +33,11 @@ type RedisServer struct {
 }
 
 // NewRedisServer returns the Server of the subscription of consumer in
-// group on stream key, through client. claimMinIdle is the claim threshold;
+// group on stream key, through client. claimMinIdle is the claim threshold,
+// blockTime the longest blocking read;
 // hints are the Subscriber's failover hints for client.
-func NewRedisServer(client redis.UniversalClient, key, group, consumer string, claimMinIdle time.Duration, hints *failover.Hints) *RedisServer {
-	reader, own := newBlockingReader(client)
+func NewRedisServer(client redis.UniversalClient, key, group, consumer string, claimMinIdle, blockTime time.Duration, hints *failover.Hints) *RedisServer {
+	reader, own := newBlockingReader(client, blockTime)
 	return &RedisServer{client: client, reader: reader, ownReader: own, keys: []string{key},
 		group: group, consumer: consumer, minIdle: claimMinIdle, hints: hints}
 }
@@ -64,7 +65,9 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 	reads := make([]*redis.XStreamSliceCmd, len(t.Reads))
 	var asked int64
 	for i, n := range t.Reads {
-		reads[i] = pipe.XReadGroup(ctx, s.readArgs(n, -1))
+		var once redis.Cmder
+		reads[i], once = NewReadOnce(ctx, s.group, s.consumer, n, -1, []string{s.keys[0], ">"})
+		_ = pipe.Process(ctx, once)
 		asked += n
 	}
 	var back *redis.Cmd
@@ -109,7 +112,19 @@ func (s *RedisServer) block(ctx context.Context, count int64, block time.Duratio
 	s.readerMu.Lock()
 	reader := s.reader
 	s.readerMu.Unlock()
-	streams, err := reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
+	var streams []redis.XStream
+	var err error
+	if own, ok := reader.(interface {
+		Process(context.Context, redis.Cmder) error
+	}); ok && s.ownReader {
+		// A client of its own, whose ReadTimeout covers BlockTime: a read
+		// it never sends again (see NewReadOnce).
+		cmd, once := NewReadOnce(ctx, s.group, s.consumer, count, block, []string{s.keys[0], ">"})
+		_ = own.Process(ctx, once)
+		streams, err = cmd.Result()
+	} else {
+		streams, err = reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
+	}
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -260,6 +275,37 @@ func (s *RedisServer) Interrupt() {
 			_ = c.Close()
 		}
 	})
+}
+
+// readOnce is a read of new entries that the client never sends again
+// after a connection error (go-redis retries a command MaxRetries times
+// unless it says NoRetry). A read sent again takes new entries a second
+// time, and the entries the first one took, whose reply was lost, stay
+// pending for this consumer, unseen until a claim takes them after
+// ClaimMinIdle; a failed read instead makes the loop drain its own pending
+// list at once, which delivers them. A pipeline that carries one is not
+// sent again either.
+type readOnce struct{ *redis.XStreamSliceCmd }
+
+func (readOnce) NoRetry() bool { return true }
+
+// NewReadOnce returns XREADGROUP GROUP group consumer COUNT count [BLOCK
+// block] STREAMS streams..., for a client never to send again (the second
+// value, to Process) and its result (the first). A negative block does not
+// block. It sets no read timeout of its own: the client's ReadTimeout must
+// cover block.
+func NewReadOnce(ctx context.Context, group, consumer string, count int64, block time.Duration, streams []string) (*redis.XStreamSliceCmd, redis.Cmder) {
+	args := make([]any, 0, 9+len(streams))
+	args = append(args, "xreadgroup", "group", group, consumer, "count", count)
+	if block >= 0 {
+		args = append(args, "block", block.Milliseconds())
+	}
+	args = append(args, "streams")
+	for _, s := range streams {
+		args = append(args, s)
+	}
+	cmd := redis.NewXStreamSliceCmd(ctx, args...)
+	return cmd, readOnce{cmd}
 }
 
 // appendEntries appends msgs to es.

@@ -263,6 +263,7 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 // connects.
 func (reg *Registry) newOwnConn(r *reader) *redis.Client {
 	opt := loop.OneConnection(reg.client.Options())
+	opt.ReadTimeout = loop.BlockingReadTimeout(opt.ReadTimeout, reg.block)
 	userOnConnect := opt.OnConnect
 	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userOnConnect != nil {
@@ -470,11 +471,7 @@ func (r *reader) readLoop() {
 		// taken, and the loops drain them.
 		var res []redis.XStream
 		var err error
-		if berr := bounded.Call(r.sig.stop, func() {
-			res, err = r.conn.XReadGroup(context.Background(), &redis.XReadGroupArgs{
-				Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
-			}).Result()
-		}); berr != nil {
+		if berr := bounded.Call(r.sig.stop, func() { res, err = r.read() }); berr != nil {
 			// The reader ends, and neither its interrupt nor its block
 			// time ended the read (the network is cut): the entries it may
 			// take stay pending for the consumer name, for its next drain
@@ -487,6 +484,24 @@ func (r *reader) readLoop() {
 			r.reconnect()
 		}
 	}
+}
+
+// read sends the read prepared by nextReadLocked. On a client of its own it
+// is a read the client never sends again after a connection error (see
+// loop.NewReadOnce): a failed read makes the loops drain, which delivers
+// what it may have taken. A connection taken from the user's client keeps
+// go-redis' read timeout for blocking reads (its ReadTimeout may be shorter
+// than BlockTime), and with it go-redis' retries.
+func (r *reader) read() ([]redis.XStream, error) {
+	ctx := context.Background()
+	if c, ok := r.conn.(*redis.Client); ok {
+		cmd, once := loop.NewReadOnce(ctx, r.reg.group, r.consumer, r.st.count, r.reg.block, r.streams)
+		_ = c.Process(ctx, once)
+		return cmd.Result()
+	}
+	return r.conn.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
+	}).Result()
 }
 
 // reconnect replaces a connection taken from the user's client after a

@@ -46,8 +46,12 @@ func haPubSub(t *testing.T, newClient func() redis.UniversalClient, group string
 	t.Helper()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: newClient(), CloseClient: true}, testLogger())
 	require.NoError(t, err)
+	// The universal suite Nacks 300 times in a row (TestContinueAfterErrors):
+	// a short backoff keeps that from being most of the run; the default
+	// timings run in TestPubSub.
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: newClient(), CloseClient: true, ConsumerGroup: group, Start: valkeystream.StartHead,
+		NackBackoffMax: 5 * time.Millisecond,
 	}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -174,18 +174,24 @@ func TestSentinelMasterCrash(t *testing.T) {
 	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, func(ctx context.Context) time.Time {
 		master, err := g.Master(ctx)
 		require.NoError(t, err)
-		var replica string
-		for _, a := range g.DataAddrs() {
-			if a != master {
-				replica = a
-			}
-		}
+		replica := otherNode(g, master)
 		require.NoError(t, g.Node(master).Kill())
 		require.NoError(t, g.WaitMaster(ctx, replica), "sentinels promoting %s", replica)
 		return time.Now()
 	})
 	requireNothingPending(t, client, topic, "ha")
 	run.log(t)
+}
+
+// otherNode returns the data node of g that is not addr: the replica of a
+// group of two.
+func otherNode(g *testserver.Sentinel, addr string) string {
+	for _, a := range g.DataAddrs() {
+		if a != addr {
+			return a
+		}
+	}
+	return ""
 }
 
 // sentinelPlannedResume bounds how long after the promotion a planned
@@ -210,12 +216,7 @@ func TestSentinelPlannedFailover(t *testing.T) {
 	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, func(ctx context.Context) time.Time {
 		old, err := g.Failover(ctx)
 		require.NoError(t, err)
-		var replica string
-		for _, a := range g.DataAddrs() {
-			if a != old {
-				replica = a
-			}
-		}
+		replica := otherNode(g, old)
 		require.NoError(t, g.WaitMaster(ctx, replica), "sentinels promoting %s", replica)
 		return time.Now()
 	})

@@ -179,22 +179,35 @@ type trip struct {
 	sent  time.Time
 }
 
-// asyncTimeout bounds a round trip sent while the loop delivers: nothing in
-// it blocks, so only a server or network fault makes it last.
-const asyncTimeout = 30 * time.Second
-
-// startTrip sends req without waiting for its reply. The round trip reaches
-// its end even when the subscription ends, so that the entries it took are
-// known and handed back, and the Acks' outcome known.
+// startTrip sends req without waiting for its reply, on a goroutine of its
+// own. The round trip is not cancelled when the subscription ends, so that
+// the entries it took are known and handed back, and the Acks' outcome
+// known; nothing in it blocks, so only a fault makes it last (the client's
+// timeouts end it), and the loop waits for its reply only as long as its
+// own context, and at its end ExitTimeout, allow.
 func startTrip(ctx context.Context, s Server, req Trip) *trip {
 	t := &trip{done: make(chan struct{}), req: req, sent: time.Now()}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncTimeout)
+	rctx := context.WithoutCancel(ctx)
 	go func() {
 		defer close(t.done)
-		defer cancel()
 		t.reply = s.Send(rctx, req)
 	}()
 	return t
+}
+
+// wait waits for t's reply, and reports whether it came before ctx ended.
+func (t *trip) wait(ctx context.Context) bool {
+	select {
+	case <-t.done:
+		return true
+	case <-ctx.Done():
+		select {
+		case <-t.done:
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // doneChan returns the channel that is closed when t has its reply, or nil

@@ -184,6 +184,11 @@ func (l *Group) Run(ctx context.Context) {
 // lands first, and is the fetch: the loop comes back for the next step if
 // it brought nothing.
 func (l *Group) fetch(ctx context.Context) error {
+	for _, t := range []*trip{l.acks.sending, l.ahead.trip} {
+		if t != nil && !t.wait(ctx) {
+			return ctx.Err() // ending: leave lands them, within ExitTimeout
+		}
+	}
 	l.acks.land()
 	if l.ahead.trip != nil || l.ahead.err != nil {
 		err := errors.Join(l.ahead.err, l.landAhead())

@@ -128,6 +128,9 @@ func (p *fetchPlan) restart() {
 // drain delivered it. A read that reached the server after the drain brings
 // only ids above every pending one, and so above what the drain delivered.
 func (p *fetchPlan) seen(id string) bool {
+	if p.drainedTo == (entryID{}) {
+		return false // the drain delivered nothing: most loops, all the time
+	}
 	e, ok := parseEntryID(id)
 	return ok && !p.drainedTo.less(e)
 }

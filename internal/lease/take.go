@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -103,7 +104,7 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 		}
 		holder, pttl, ok, err := parseTake(sent)
 		sent = nil
-		if redis.HasErrorPrefix(err, "OOM") {
+		if isOOM(err) {
 			// The server is full (maxmemory) and refuses the new key. A
 			// consumer restarted then is the one that must drain its
 			// backlog, so a free name is used without its lease, and the
@@ -164,6 +165,17 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 // parseTake).
 func (l *Lease) try(ctx context.Context) *redis.Cmd {
 	return takeScript.Run(ctx, l.deps.Client, []string{l.key}, l.token, l.ttl.Milliseconds())
+}
+
+// isOOM reports whether err is the server's refusal of a write for want of
+// memory (maxmemory): an OOM reply, or, from a script on Redis 6.2, an
+// error that wraps one ("ERR Error running script ...: -OOM ...").
+func isOOM(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	return redis.HasErrorPrefix(err, "OOM") || strings.Contains(reply.Error(), "-OOM ")
 }
 
 // peek reads the lease without writing: its holder's token and its time to

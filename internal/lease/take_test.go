@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -130,4 +131,29 @@ func TestTakeEndsWithItsContext(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, "worker", named)
 	assert.False(t, isLiveToken(f.lease.token), "a lease not taken is forgotten")
+}
+
+// reply is a server error reply, as go-redis returns it.
+type reply string
+
+func (r reply) Error() string { return string(r) }
+func (r reply) RedisError()   {}
+
+// The full server's refusal, as Redis 7 and later answer it, and as Redis
+// 6.2 wraps it when a script's write is refused.
+func TestIsOOM(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{reply("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{reply("ERR Error running script (call to f_99): @user_script:2: @user_script: 2: -OOM command not allowed when used memory > 'maxmemory'."), true},
+		{reply("NOPERM this user has no permissions to run the 'set' command"), false},
+		{errors.New("OOM in a message that is not a reply"), false},
+		{nil, false},
+	} {
+		if got := isOOM(tt.err); got != tt.want {
+			t.Errorf("isOOM(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
 }

@@ -102,8 +102,9 @@ func (a *acks) take() []string {
 // landed reads the outcome of the XACK of ids, taken for a round trip whose
 // reply r is: on success it counts the entries the server acknowledged; on
 // failure it puts ids back, ahead of the ones held now, makes them due
-// after a backoff, logs the first failure of a streak, and returns the
-// error.
+// after a backoff, and returns the error. A caller that handles the error
+// as a failed fetch (the fault path counts and logs it) returns it; every
+// other caller reports it with failed.
 func (a *acks) landed(ids []string, r TripReply) error {
 	if len(ids) == 0 {
 		return nil
@@ -116,13 +117,20 @@ func (a *acks) landed(ids []string, r TripReply) error {
 	a.ids = append(ids, a.ids...)
 	a.faults++
 	a.timer.Reset(Backoff(a.faults))
+	return fmt.Errorf("acknowledging %d entries: %w", len(ids), r.AckErr)
+}
+
+// failed counts a failed XACK that no fetch reports, and logs the first of
+// a streak: the one place an Ack's failure is logged.
+func (a *acks) failed(err error) {
+	if err == nil {
+		return
+	}
 	a.counters.Faults.Add(1)
-	err := fmt.Errorf("acknowledging %d entries: %w", len(ids), r.AckErr)
 	if a.faults == 1 {
 		a.logger.Error("Acknowledging entries failed; keeping them to send again (if the subscription ends first, they are delivered again)",
 			err, watermill.LogFields{"entries": len(a.ids)})
 	}
-	return err
 }
 
 // flush sends the held Acks in a round trip of their own, and waits for it.
@@ -162,7 +170,9 @@ func (a *acks) land() {
 	a.sending = nil
 	again := a.again
 	a.again = false
-	if a.landed(t.req.Acks, t.reply) == nil && again && len(a.ids) > 0 {
+	err := a.landed(t.req.Acks, t.reply)
+	a.failed(err)
+	if err == nil && again && len(a.ids) > 0 {
 		a.timer.Reset(0)
 	}
 }

@@ -77,8 +77,8 @@ func TestAcksWaitFollowsTheHandler(t *testing.T) {
 
 // Every Ack is taken into the round trip that carries it, and its outcome
 // comes back through landed: counted on success; on failure put back ahead
-// of the Acks made meanwhile, due again after a backoff, and counted as a
-// fault.
+// of the Acks made meanwhile and due again after a backoff; a failure no
+// fetch reports is counted as a fault by failed.
 func TestAcksTakeAndLanded(t *testing.T) {
 	b, c := testAcks(time.Hour)
 	b.add("1-0")
@@ -97,8 +97,12 @@ func TestAcksTakeAndLanded(t *testing.T) {
 	if got := b.ids; !slices.Equal(got, []string{"1-0", "2-0", "3-0"}) {
 		t.Fatalf("after a failed send: %v, want the taken ids ahead of the new one", got)
 	}
-	if b.faults != 1 || c.Faults.Load() != 1 {
-		t.Fatalf("a failed send counted %d failures (%d faults), want 1", b.faults, c.Faults.Load())
+	if b.faults != 1 || c.Faults.Load() != 0 {
+		t.Fatalf("a failed send counted %d failures (%d faults), want 1 (and no fault until reported)", b.faults, c.Faults.Load())
+	}
+	b.failed(errors.New("connection reset"))
+	if c.Faults.Load() != 1 {
+		t.Fatalf("a reported failure counted %d faults, want 1", c.Faults.Load())
 	}
 	if !fired(b.due(), 10*time.Second) {
 		t.Fatal("restored ids never came due again")

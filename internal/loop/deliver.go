@@ -34,7 +34,7 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 		case acked:
 			l.acks.add(e.id)
 			if l.acks.atOnce() {
-				_ = l.acks.flush(ctx, l.deps.Server)
+				l.acks.failed(l.acks.flush(ctx, l.deps.Server))
 			}
 			return true
 		case ackedThenStopped:

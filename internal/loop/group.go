@@ -480,7 +480,7 @@ func (l *Group) leave() {
 		return
 	}
 	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back})
-	_ = l.acks.landed(ids, r)
+	l.acks.failed(l.acks.landed(ids, r))
 	if len(back) == 0 {
 		return
 	}

@@ -63,7 +63,7 @@ func (l *Group) keepHold(ctx context.Context) (inFlightTaken bool) {
 	}
 	if l.acks.len() > 0 {
 		// Acked entries wait for their XACK without a hold: send them now.
-		_ = l.acks.flush(ctx, l.deps.Server)
+		l.acks.failed(l.acks.flush(ctx, l.deps.Server))
 	}
 	counts, err := l.deps.Server.Hold(ctx, ids)
 	if l.hold.kept(err) {

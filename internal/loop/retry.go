@@ -43,8 +43,15 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 	if r.failover != nil {
 		delay = r.failover(err, delay)
 	}
-	r.logger.Error("Stream call failed; retrying", err, watermill.LogFields{
-		"operation": what, "attempt": r.n, "retry_in": delay.String()})
+	fields := watermill.LogFields{"operation": what, "attempt": r.n, "retry_in": delay.String()}
+	if r.n == 1 {
+		// The first failure of a streak is the one at Error; the retries
+		// that follow, at Info, until "Stream calls resumed".
+		r.logger.Error("Stream call failed; retrying", err, fields)
+	} else {
+		fields["error"] = err.Error()
+		r.logger.Info("Stream call failed again; retrying", fields)
+	}
 	return pause(ctx, delay)
 }
 

@@ -651,6 +651,7 @@ func (r *reader) unblock() (int, error) {
 // UNBLOCK for the reader's connection through the user's client, again
 // shortly while the server answers 0 and the same read is outstanding.
 func (r *reader) interrupter() {
+	failing := false // logged once per streak of failed interrupts
 	for {
 		select {
 		case <-r.sig.done:
@@ -664,11 +665,18 @@ func (r *reader) interrupter() {
 		pause := 50 * time.Microsecond
 		for reading {
 			n, err := r.unblock()
+			if err != nil && r.sig.stop.Err() != nil {
+				return // the reader ends: its read is given up anyway
+			}
 			if err != nil {
 				r.reg.faults.Add(1)
-				r.logger.Error("Interrupting the shared read failed; waiting subscriptions read again when it times out (BlockTime)", err, nil)
+				if !failing {
+					failing = true
+					r.logger.Error("Interrupting the shared read failed; waiting subscriptions read again when it times out (BlockTime)", err, nil)
+				}
 				break
 			}
+			failing = false
 			if n == 1 {
 				break
 			}

@@ -241,6 +241,7 @@ var publisherCounters = []struct {
 	{desc("publisher_failed_calls_total", "Publish calls that returned an error.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.FailedCalls }},
 	{desc("publisher_messages_total", "Messages the server accepted.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.Messages }},
 	{desc("publisher_failed_messages_total", "Messages of failed Publish calls that were not written.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.FailedMessages }},
+	{desc("publisher_maybe_written_messages_total", "Messages of failed Publish calls that may have been written: sent on a connection that failed before the answer.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.MaybeWrittenMessages }},
 	{desc("publisher_round_trips_total", "Requests sent to the server: one XADD or one pipeline of them.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.RoundTrips }},
 	{desc("publisher_round_trip_messages_total", "Messages carried by round trips; divided by round trips, the messages per round trip.", labelPublisher), func(s valkeystream.PublisherStats) int64 { return s.RoundTripMessages }},
 }

@@ -42,7 +42,8 @@ func newClient(t testing.TB, srv *testserver.Server) *redis.Client {
 }
 
 // errorLog counts and keeps the Error lines of a logger (the first
-// maxKeptErrors of them) and passes every line on to next.
+// maxKeptErrors of them), keeps its Info lines too (as many), and passes
+// every line on to next.
 type errorLog struct {
 	next   watermill.LoggerAdapter
 	shared *errorLines
@@ -52,6 +53,7 @@ type errorLines struct {
 	mu    sync.Mutex
 	count int64
 	lines []string
+	infos []string
 }
 
 const maxKeptErrors = 1000
@@ -70,7 +72,14 @@ func (l *errorLog) Error(msg string, err error, fields watermill.LogFields) {
 	l.next.Error(msg, err, fields)
 }
 
-func (l *errorLog) Info(msg string, fields watermill.LogFields)  { l.next.Info(msg, fields) }
+func (l *errorLog) Info(msg string, fields watermill.LogFields) {
+	l.shared.mu.Lock()
+	if len(l.shared.infos) < maxKeptErrors {
+		l.shared.infos = append(l.shared.infos, fmt.Sprintf("%s: %v", msg, fields))
+	}
+	l.shared.mu.Unlock()
+	l.next.Info(msg, fields)
+}
 func (l *errorLog) Debug(msg string, fields watermill.LogFields) { l.next.Debug(msg, fields) }
 func (l *errorLog) Trace(msg string, fields watermill.LogFields) { l.next.Trace(msg, fields) }
 
@@ -90,6 +99,13 @@ func (l *errorLog) lines() []string {
 	l.shared.mu.Lock()
 	defer l.shared.mu.Unlock()
 	return append([]string(nil), l.shared.lines...)
+}
+
+// infoLines returns the Info lines kept.
+func (l *errorLog) infoLines() []string {
+	l.shared.mu.Lock()
+	defer l.shared.mu.Unlock()
+	return append([]string(nil), l.shared.infos...)
 }
 
 // first returns the first n Error lines, for failure messages.

@@ -7,12 +7,23 @@
 // timeouts end it, and what it returns then is dropped.
 package bounded
 
-import "context"
+import (
+	"context"
+	"errors"
+	"time"
+)
 
-// Call runs f and returns nil once it has returned, or ctx's error as soon
-// as ctx ends, whichever comes first. With a context that never ends, f
-// runs on the caller's goroutine. f must not touch what the caller reads
-// once Call returned an error.
+// Grace is how long Call still waits for a call in progress when its
+// context is cancelled (rather than past its deadline): a server that is
+// there answers in far less, and its answer is then known (an Ack's
+// outcome, the entries a read took); a cut network is given up after it.
+const Grace = 200 * time.Millisecond
+
+// Call runs f and returns nil once it has returned, or ctx's error when
+// ctx ends first: at once past its deadline, after Grace more when it was
+// cancelled. With a context that never ends, f runs on the caller's
+// goroutine. f must not touch what the caller reads once Call returned an
+// error.
 func Call(ctx context.Context, f func()) error {
 	if ctx.Done() == nil {
 		f()
@@ -30,11 +41,21 @@ func Call(ctx context.Context, f func()) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		select {
 		case <-done: // it ended as well: its result stands
 			return nil
 		default:
 			return ctx.Err()
 		}
+	}
+	t := time.NewTimer(Grace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return ctx.Err()
 	}
 }

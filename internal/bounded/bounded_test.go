@@ -33,3 +33,24 @@ func TestCallReturnsWhenTheContextEnds(t *testing.T) {
 		t.Fatalf("Call with an ended context = %v, want context.Canceled", err)
 	}
 }
+
+// A cancelled context still waits Grace for a call in progress: one that
+// ends within it keeps its result.
+func TestCallWaitsGraceAfterACancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := false
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		cancel()
+	}()
+	if err := Call(ctx, func() { <-ctx.Done(); time.Sleep(20 * time.Millisecond); ran = true }); err != nil || !ran {
+		t.Fatalf("Call = %v, ran %v: a call that ends within Grace after the cancel must be waited for", err, ran)
+	}
+	hang := make(chan struct{})
+	defer close(hang)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := Call(ctx2, func() { <-hang }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call of a call that hangs = %v, want context.Canceled", err)
+	}
+}

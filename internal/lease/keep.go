@@ -17,7 +17,7 @@ const (
 	// releaseTimeout bounds the release of a lease when a subscription
 	// ends, whatever the client's options (see internal/bounded): a lease
 	// not released lapses after its TTL.
-	releaseTimeout = 400 * time.Millisecond
+	releaseTimeout = 200 * time.Millisecond
 )
 
 // renewScript extends the lease if it is still ours (1), takes it again if

@@ -509,11 +509,13 @@ func (l *Group) tripsLanded(ctx context.Context) bool {
 	return true
 }
 
-// ExitTimeout bounds how long a subscription that ends waits for its last
-// round trip (its Acks, and its entries handed back) to reach the server,
-// and, after it, for the release of its consumer name: so that Close ends
-// in about CloseGrace plus twice this even when the network is cut.
-const ExitTimeout = 400 * time.Millisecond
+// ExitTimeout bounds how long a subscription that ends waits for its round
+// trips on their way and its last one (its Acks, and its entries handed
+// back) to reach the server; the release of its consumer name gets 200 ms
+// after it (internal/lease), and a call in progress when the subscription
+// ended 200 ms before it (bounded.Grace), so that Close ends in about
+// CloseGrace plus a second even when the network is cut.
+const ExitTimeout = 600 * time.Millisecond
 
 // fault handles a failed call: it re-runs the group door when the group or
 // the stream vanished, backs off, and makes the loop drain its own pending

@@ -188,7 +188,7 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
 	if err := p.combiners.wait.runScript(ctx, p.config.Client, key, delayAddScript, []string{delayedKey, key}, args...); err != nil {
-		p.failover.failed(p.config.Client, err)
+		p.failover.Failed(p.config.Client, err)
 		if errors.Is(err, ErrNotReplicated) {
 			return fail(err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream/internal/combine"
+	"github.com/echomq/valkeystream/internal/failover"
 )
 
 // Publisher appends messages to streams with XADD. It implements
@@ -25,7 +26,7 @@ type Publisher struct {
 
 	combiners combiners
 	stats     *publisherCounters
-	failover  failover
+	failover  failover.Hints
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -139,7 +140,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	}
 	if first != nil {
 		first = notReplicated(first)
-		p.failover.failed(p.config.Client, first)
+		p.failover.Failed(p.config.Client, first)
 		return &PublishError{Topic: topic, NotSent: failed, MaybeWritten: maybe, Total: len(msgs), Err: first}
 	}
 	// No per-call log line: a Watermill logger cannot say whether it would

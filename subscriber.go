@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/loop"
 	"github.com/echomq/valkeystream/internal/sharedread"
 )
@@ -30,7 +31,7 @@ type Subscriber struct {
 	stats    loop.Counters
 	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
-	failover failover // helps the client through a failover; see failover.go
+	failover failover.Hints // helps the client through a failover
 
 	shared  *sharedread.Registry // blocking reads shared by subscriptions
 	delayed delayedMoves         // moves due delayed messages; see delay.go

@@ -48,7 +48,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 	from := origin{stream: key, group: cfg.Group, consumer: cfg.Consumer}
 	pruner := s.newPruner(key, lease.name, logger)
 	deps := loop.Deps{
-		Server:   loop.NewRedisServer(s.config.Client, key, cfg.Group, cfg.Consumer, cfg.ClaimMinIdle, cfg.BlockTime, &s.failover.h),
+		Server:   loop.NewRedisServer(s.config.Client, key, cfg.Group, cfg.Consumer, cfg.ClaimMinIdle, cfg.BlockTime, &s.failover),
 		Counters: &s.stats,
 		Logger:   logger,
 		Health:   health,

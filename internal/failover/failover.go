@@ -24,11 +24,6 @@ const (
 	// client): the new master may take over any moment, and a loop that
 	// sleeps its full backoff (up to its backoff cap) would stall long after.
 	RetryMax = 500 * time.Millisecond
-
-	// sentinelClientAddr is the address go-redis gives the client that
-	// redis.NewFailoverClient returns (it asks the sentinels for the real
-	// one).
-	sentinelClientAddr = "FailoverClient"
 )
 
 // Hints notices, in the errors of failed calls, that a master may have
@@ -65,7 +60,7 @@ func (f *Hints) Failed(client redis.UniversalClient, err error) bool {
 		}
 		return true
 	case *redis.Client:
-		return c.Options().Addr == sentinelClientAddr
+		return IsSentinel(c)
 	}
 	return false
 }
@@ -111,3 +106,12 @@ func Symptom(err error) bool {
 	}
 	return false
 }
+
+// sentinelClientAddr is the address go-redis gives the client that
+// redis.NewFailoverClient returns (it asks the sentinels for the real one).
+const sentinelClientAddr = "FailoverClient"
+
+// IsSentinel reports whether c is a Sentinel failover client
+// (redis.NewFailoverClient), which follows a failover by closing its own
+// connections to the old master.
+func IsSentinel(c *redis.Client) bool { return c.Options().Addr == sentinelClientAddr }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/echomq/valkeystream/internal/failover"
 )
 
 // newBlockingReader returns the client a group subscription sends its
@@ -22,7 +24,7 @@ import (
 func newBlockingReader(c redis.UniversalClient, block time.Duration) (reader blockingReader, own bool) {
 	switch c := c.(type) {
 	case *redis.Client:
-		if c.Options().Addr == sentinelAddr {
+		if failover.IsSentinel(c) {
 			// A Sentinel client follows a failover by closing its own
 			// connections to the old master: a connection taken from its
 			// pool is closed with them, so the read fails at once and the
@@ -66,10 +68,6 @@ func BlockingReadTimeout(timeout, block time.Duration) time.Duration {
 	}
 	return timeout
 }
-
-// sentinelAddr is the address go-redis gives the client that
-// redis.NewFailoverClient returns.
-const sentinelAddr = "FailoverClient"
 
 // OneConnection returns a copy of opt for a client of one connection: a
 // reader that holds it in blocking reads, made from the user's options.

@@ -64,6 +64,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream/internal/bounded"
+	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
@@ -128,10 +129,6 @@ type readConn interface {
 	ClientID(ctx context.Context) *redis.IntCmd
 	Close() error
 }
-
-// sentinelAddr is the address go-redis gives the client that
-// redis.NewFailoverClient returns.
-const sentinelAddr = "FailoverClient"
 
 // readState is where a reader's read stands; reader.mu guards it.
 type readState struct {
@@ -234,7 +231,7 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		sig:      signals{wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})},
 	}
 	r.sig.stop, r.sig.stopNow = context.WithCancel(context.Background())
-	if reg.client.Options().Addr == sentinelAddr {
+	if failover.IsSentinel(reg.client) {
 		// A Sentinel client follows a failover by closing its own
 		// connections to the old master (on +switch-master): a connection
 		// taken from its pool is closed with them, so the read fails at once

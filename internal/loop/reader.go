@@ -21,7 +21,7 @@ import (
 // the Acks included, uses the user's client. For a client of another type (a
 // ring, a wrapper) it is that client itself, and a blocked read ends within
 // BlockTime as before.
-func newBlockingReader(c redis.UniversalClient, block time.Duration) (reader blockingReader, own bool) {
+func newBlockingReader(c redis.UniversalClient, block time.Duration) (reader BlockingReader, own bool) {
 	switch c := c.(type) {
 	case *redis.Client:
 		if failover.IsSentinel(c) {
@@ -48,10 +48,32 @@ func newBlockingReader(c redis.UniversalClient, block time.Duration) (reader blo
 	}
 }
 
-// blockingReader is what a subscription's blocking reads go through.
-type blockingReader interface {
+// BlockingReader is what blocking reads go through: a client, or one
+// connection of a client's.
+type BlockingReader interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
 	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
 	Close() error
+}
+
+// BlockingRead reads up to count new entries of streams (keys, then a ">"
+// each) for consumer in group through r, waiting up to block. When r is a
+// client of the library's own (own), whose ReadTimeout covers block (see
+// BlockingReadTimeout), it is a read the client never sends again after a
+// connection error (NewReadOnce): the read fails, and the loop's drain
+// delivers what it may have taken. On a client or connection shared with
+// the user, it is go-redis' XReadGroup, with go-redis' read timeout for
+// blocking reads (the user's ReadTimeout may be shorter than block) and
+// its retries.
+func BlockingRead(ctx context.Context, r BlockingReader, own bool, group, consumer string, count int64, block time.Duration, streams []string) ([]redis.XStream, error) {
+	if own {
+		cmd, once := NewReadOnce(ctx, group, consumer, count, block, streams)
+		_ = r.Process(ctx, once)
+		return cmd.Result()
+	}
+	return r.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: group, Consumer: consumer, Streams: streams, Count: count, Block: block,
+	}).Result()
 }
 
 // BlockingReadTimeout is the ReadTimeout of a reader of blocking reads of

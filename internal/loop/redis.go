@@ -21,7 +21,7 @@ import (
 type RedisServer struct {
 	client        redis.UniversalClient
 	readerMu      sync.Mutex // guards reader, which Block replaces and Interrupt closes
-	reader        blockingReader
+	reader        BlockingReader
 	ownReader     bool
 	keys          []string // the stream key, as the scripts take it
 	group         string
@@ -99,7 +99,12 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 }
 
 // Block reads new entries through the subscription's own reader.
+// A reader of its own needs no bound: Interrupt closes it, which ends the
+// read at once.
 func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
+	if s.ownReader {
+		return s.block(ctx, count, block)
+	}
 	var es []Entry
 	var err error
 	if berr := bounded.Call(ctx, func() { es, err = s.block(ctx, count, block) }); berr != nil {
@@ -112,19 +117,7 @@ func (s *RedisServer) block(ctx context.Context, count int64, block time.Duratio
 	s.readerMu.Lock()
 	reader := s.reader
 	s.readerMu.Unlock()
-	var streams []redis.XStream
-	var err error
-	if own, ok := reader.(interface {
-		Process(context.Context, redis.Cmder) error
-	}); ok && s.ownReader {
-		// A client of its own, whose ReadTimeout covers BlockTime: a read
-		// it never sends again (see NewReadOnce).
-		cmd, once := NewReadOnce(ctx, s.group, s.consumer, count, block, []string{s.keys[0], ">"})
-		_ = own.Process(ctx, once)
-		streams, err = cmd.Result()
-	} else {
-		streams, err = reader.XReadGroup(ctx, s.readArgs(count, block)).Result()
-	}
+	streams, err := BlockingRead(ctx, reader, s.ownReader, s.group, s.consumer, count, block, []string{s.keys[0], ">"})
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -146,12 +139,6 @@ func (s *RedisServer) block(ctx context.Context, count int64, block time.Duratio
 		es = appendEntries(es, st.Messages)
 	}
 	return es, nil
-}
-
-// readArgs are those of XREADGROUP for new entries; a negative block means
-// not to block.
-func (s *RedisServer) readArgs(count int64, block time.Duration) *redis.XReadGroupArgs {
-	return &redis.XReadGroupArgs{Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], ">"}, Count: count, Block: block}
 }
 
 // ReadOwn reads own pending entries with XREADGROUP ... <from>.

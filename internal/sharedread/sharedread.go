@@ -125,9 +125,8 @@ type reader struct {
 // readConn is the one connection a reader reads over: a client of its own
 // (*redis.Client), or one taken from the user's client (*redis.Conn).
 type readConn interface {
-	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
+	loop.BlockingReader
 	ClientID(ctx context.Context) *redis.IntCmd
-	Close() error
 }
 
 // readState is where a reader's read stands; reader.mu guards it.
@@ -483,22 +482,12 @@ func (r *reader) readLoop() {
 	}
 }
 
-// read sends the read prepared by nextReadLocked. On a client of its own it
-// is a read the client never sends again after a connection error (see
-// loop.NewReadOnce): a failed read makes the loops drain, which delivers
-// what it may have taken. A connection taken from the user's client keeps
-// go-redis' read timeout for blocking reads (its ReadTimeout may be shorter
-// than BlockTime), and with it go-redis' retries.
+// read sends the read prepared by nextReadLocked (see loop.BlockingRead:
+// a client of its own reads without retries, a connection of the user's
+// client as go-redis does).
 func (r *reader) read() ([]redis.XStream, error) {
-	ctx := context.Background()
-	if c, ok := r.conn.(*redis.Client); ok {
-		cmd, once := loop.NewReadOnce(ctx, r.reg.group, r.consumer, r.st.count, r.reg.block, r.streams)
-		_ = c.Process(ctx, once)
-		return cmd.Result()
-	}
-	return r.conn.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: r.reg.group, Consumer: r.consumer, Streams: r.streams, Count: r.st.count, Block: r.reg.block,
-	}).Result()
+	_, own := r.conn.(*redis.Client)
+	return loop.BlockingRead(context.Background(), r.conn, own, r.reg.group, r.consumer, r.st.count, r.reg.block, r.streams)
 }
 
 // reconnect replaces a connection taken from the user's client after a

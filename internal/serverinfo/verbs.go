@@ -1,0 +1,238 @@
+package serverinfo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Verbs are the stream verbs newer than Redis 6.2's that a server has and
+// the library uses where it finds them. The zero value is the baseline path:
+// what every supported server has.
+type Verbs struct {
+	// ClaimInRead: XREADGROUP ... CLAIM min-idle-time (Redis 8.4): a read
+	// of new entries brings idle pending entries first, each with its
+	// delivery count.
+	ClaimInRead bool
+	// IdempotentAdd: XADD ... IDMP producer id and XCFGSET (Redis 8.6).
+	IdempotentAdd bool
+	// AckedTrim: XADD ... ACKED MAXLEN|MINID ~ (Redis 8.2), trimming only
+	// entries every group acknowledged, on a release whose approximate
+	// form trims at all (8.2.7, 8.4.4, 8.6.0 and later).
+	AckedTrim bool
+	// AckDel: XACKDEL key group ACKED IDS ... (Redis 8.2, Valkey 9.2).
+	AckDel bool
+}
+
+// String names the path: the verbs in use, or "baseline".
+func (v Verbs) String() string {
+	var names []string
+	for _, n := range []struct {
+		on   bool
+		name string
+	}{{v.ClaimInRead, "claim-in-read"}, {v.IdempotentAdd, "idempotent-add"}, {v.AckedTrim, "acked-trim"}, {v.AckDel, "ackdel"}} {
+		if n.on {
+			names = append(names, n.name)
+		}
+	}
+	if len(names) == 0 {
+		return "baseline"
+	}
+	return strings.Join(names, ",")
+}
+
+// Probe finds out which verbs the server behind client has, from COMMAND
+// DOCS (the arguments a command takes, which a version string cannot tell:
+// Valkey reports 7.2-compatible versions), and for ACKED trimming from
+// INFO's version as well (releases before 8.2.7 and 8.4.4 accept approximate
+// ACKED trimming and trim nothing).
+//
+// A server that refuses a probe (Redis 6.2 has no COMMAND DOCS; a user may
+// lack the permission) has the baseline: refused then names the refused
+// command, and err is nil. err is a failed call (a connection error, say):
+// nothing was found out.
+func Probe(ctx context.Context, client redis.UniversalClient) (v Verbs, refused string, err error) {
+	docs, err := client.Do(ctx, "COMMAND", "DOCS", "xreadgroup", "xadd", "xackdel").Result()
+	if err != nil {
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			return Verbs{}, fmt.Sprintf("COMMAND DOCS (%v)", err), nil
+		}
+		return Verbs{}, "", fmt.Errorf("asking the server which stream verbs it has (COMMAND DOCS): %w", err)
+	}
+	byName := commandDocs(docs)
+	v.ClaimInRead = hasToken(byName["xreadgroup"], "claim")
+	v.IdempotentAdd = hasToken(byName["xadd"], "idmp")
+	v.AckDel = byName["xackdel"] != nil
+	if hasToken(byName["xadd"], "acked") {
+		if v.IdempotentAdd {
+			v.AckedTrim = true // 8.6 and later: fixed in 8.6.0
+		} else {
+			info, ierr := client.Info(ctx, "server").Result()
+			switch {
+			case ierr == nil:
+				v.AckedTrim = ackedTrimWorks(info)
+			case isReply(ierr):
+				return v, fmt.Sprintf("INFO server (%v), needed to tell whether this Redis 8.2 or 8.4 trims with ACKED", ierr), nil
+			default:
+				return Verbs{}, "", fmt.Errorf("reading the server's version (INFO server): %w", ierr)
+			}
+		}
+	}
+	return v, "", nil
+}
+
+func isReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply)
+}
+
+// commandDocs returns the docs of each command in a COMMAND DOCS reply, a
+// map in RESP3 and a flat list of names and docs in RESP2. A command the
+// server lacks is absent.
+func commandDocs(reply any) map[string]any {
+	out := map[string]any{}
+	switch r := reply.(type) {
+	case map[any]any:
+		for k, v := range r {
+			if name, ok := k.(string); ok {
+				out[strings.ToLower(name)] = v
+			}
+		}
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			if name, ok := r[i].(string); ok {
+				out[strings.ToLower(name)] = r[i+1]
+			}
+		}
+	}
+	return out
+}
+
+// hasToken reports whether a command's docs name an argument token (or
+// argument) named like name, at any depth.
+func hasToken(docs any, name string) bool {
+	switch d := docs.(type) {
+	case map[any]any:
+		for k, v := range d {
+			if key, _ := k.(string); key == "token" || key == "name" {
+				if s, ok := v.(string); ok && strings.EqualFold(s, name) {
+					return true
+				}
+			}
+			if hasToken(v, name) {
+				return true
+			}
+		}
+	case []any:
+		for i, v := range d {
+			// RESP2: a map comes as a flat list of keys and values.
+			if key, ok := v.(string); ok && (key == "token" || key == "name") && i+1 < len(d) {
+				if s, ok := d[i+1].(string); ok && strings.EqualFold(s, name) {
+					return true
+				}
+			}
+			if hasToken(v, name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ackedTrimWorks reports whether a Redis whose INFO server reply is info
+// trims with approximate ACKED: 8.2.7 and later in 8.2, 8.4.4 and later in
+// 8.4, any later series.
+func ackedTrimWorks(info string) bool {
+	_, rest, found := strings.Cut(info, "redis_version:")
+	if !found {
+		return false
+	}
+	version, _, _ := strings.Cut(rest, "\n")
+	parts := strings.SplitN(strings.TrimSpace(version), ".", 3)
+	if len(parts) < 3 {
+		return false
+	}
+	var n [3]int
+	for i, p := range parts {
+		n[i], _ = strconv.Atoi(p)
+	}
+	switch {
+	case n[0] != 8:
+		return n[0] > 8
+	case n[1] == 2:
+		return n[2] >= 7
+	case n[1] == 4:
+		return n[2] >= 4
+	default:
+		return n[1] > 4
+	}
+}
+
+// Known is what one client's server has, found out on first use and again
+// after a failover may have moved the client to another node. It is safe
+// for concurrent use.
+type Known struct {
+	client   redis.UniversalClient
+	baseline bool // the user forced the baseline path
+
+	mu     sync.Mutex
+	known  bool // verbs holds the answer for the current node
+	probed bool // some probe answered
+	verbs  Verbs
+}
+
+// NewKnown returns the Known of client; with baseline it finds out nothing
+// and answers the baseline path.
+func NewKnown(client redis.UniversalClient, baseline bool) *Known {
+	return &Known{client: client, baseline: baseline}
+}
+
+// Verbs returns the verbs of the client's server, probing it the first
+// time and after Forget. changed reports a probe whose answer differs from
+// the one before (or the first), and refused what the server refused, for
+// the caller to log. A failed probe returns its error and the baseline, and
+// is tried again next time.
+func (k *Known) Verbs(ctx context.Context) (v Verbs, changed bool, refused string, err error) {
+	if k == nil || k.baseline {
+		return Verbs{}, false, "", nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.known {
+		return k.verbs, false, "", nil
+	}
+	v, refused, err = Probe(ctx, k.client)
+	if err != nil {
+		return Verbs{}, false, "", err
+	}
+	changed = !k.probed || v != k.verbs
+	k.known, k.probed, k.verbs = true, true, v
+	return v, changed, refused, nil
+}
+
+// Current returns the verbs found out last, without probing.
+func (k *Known) Current() Verbs {
+	if k == nil || k.baseline {
+		return Verbs{}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.verbs
+}
+
+// Forget makes the next Verbs probe again: a failover may have moved the
+// client to a node of another version.
+func (k *Known) Forget() {
+	if k == nil {
+		return
+	}
+	k.mu.Lock()
+	k.known = false
+	k.mu.Unlock()
+}

@@ -356,6 +356,14 @@ type SubscriberConfig struct {
 	// CloseClient makes Close close Client too. Default: false, the client
 	// stays open for its owner.
 	CloseClient bool
+
+	// BaselineVerbs makes the Subscriber use only the stream verbs every
+	// supported server has (Redis 6.2's), even where the server has newer
+	// ones (see docs/server-verbs.md): reclaiming with XAUTOCLAIM on the
+	// claim beat instead of inside reads (Redis 8.4). Behaviour is the same
+	// on both paths; DeleteAcked needs the newer path. Default: false, each
+	// verb is used where the server has it.
+	BaselineVerbs bool
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -510,6 +518,14 @@ type PublisherConfig struct {
 
 	// CloseClient makes Close close Client too. Default: false.
 	CloseClient bool
+
+	// BaselineVerbs makes the Publisher use only the stream verbs every
+	// supported server has (Redis 6.2's), even where the server has newer
+	// ones (see docs/server-verbs.md): idempotent publishing by script
+	// instead of XADD ... IDMP (Redis 8.6), and Retention trimming without
+	// ACKED (Redis 8.2). Default: false, each verb is used where the server
+	// has it.
+	BaselineVerbs bool
 }
 
 // Retention is how much of a stream a [Publisher] keeps. Trimming is

@@ -16,6 +16,7 @@ import (
 
 	"github.com/echomq/valkeystream/internal/combine"
 	"github.com/echomq/valkeystream/internal/failover"
+	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
 // Publisher appends messages to streams with XADD. It implements
@@ -27,6 +28,7 @@ type Publisher struct {
 	combiners combiners
 	stats     *publisherCounters
 	failover  failover.Hints
+	verbs     *serverinfo.Known // the server's newer verbs, found out on first use
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -46,7 +48,8 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	stats := &publisherCounters{}
 	wait := combine.ReplicaWait{Replicas: config.WaitReplicas, Timeout: config.WaitTimeout}
 	return &Publisher{config: config, logger: logger, stats: stats,
-		combiners: newCombiners(config.Client, wait, stats)}, nil
+		combiners: newCombiners(config.Client, wait, stats),
+		verbs:     serverinfo.NewKnown(config.Client, config.BaselineVerbs)}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.

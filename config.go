@@ -357,6 +357,15 @@ type SubscriberConfig struct {
 	// stays open for its owner.
 	CloseClient bool
 
+	// DeleteAcked makes the subscriptions delete each entry from its stream
+	// once every consumer group of the stream has acknowledged it (XACKDEL
+	// ... ACKED instead of XACK), so that a work-queue topic does not grow
+	// without a Retention policy. An entry a group has not read yet, or
+	// holds pending, stays. It needs XACKDEL (Redis 8.2 or later, Valkey
+	// 9.2): Subscribe fails on a server without it. Only with
+	// ConsumerGroup. Default: false, entries stay until trimmed.
+	DeleteAcked bool
+
 	// BaselineVerbs makes the Subscriber use only the stream verbs every
 	// supported server has (Redis 6.2's), even where the server has newer
 	// ones (see docs/server-verbs.md): reclaiming with XAUTOCLAIM on the
@@ -427,6 +436,10 @@ func (c SubscriberConfig) Validate() error {
 	case c.Start != StartNew && c.Start != StartHead:
 		return fmt.Errorf("%w: Start is %s: declare StartNew ($, only entries added after the group exists) or StartHead (0, replay the stream from its head)",
 			ErrInvalidConfig, describeStart(c.Start))
+	case c.DeleteAcked && c.ConsumerGroup == "":
+		return fmt.Errorf("%w: DeleteAcked is set without a ConsumerGroup: only a group acknowledges entries; set ConsumerGroup or unset DeleteAcked", ErrInvalidConfig)
+	case c.DeleteAcked && c.BaselineVerbs:
+		return fmt.Errorf("%w: DeleteAcked needs XACKDEL, which BaselineVerbs rules out: unset one of them", ErrInvalidConfig)
 	case c.ConsumerGroup != "" && c.Consumer == "":
 		return fmt.Errorf("%w: Consumer is empty and the host name is unknown: set Consumer", ErrInvalidConfig)
 	case strings.ContainsAny(c.KeyPrefix, "{}"):

@@ -26,8 +26,9 @@ type Stats struct {
 	// after a start or a fault, whether or not they were delivered before
 	// the subscription ended.
 	Drained int64
-	// Reclaimed counts entries of other consumers claimed with XAUTOCLAIM
-	// and queued for delivery, whether or not they were delivered before the
+	// Reclaimed counts idle entries claimed, with XAUTOCLAIM on the claim
+	// beat or inside a read of new entries (XREADGROUP ... CLAIM, see
+	// docs/server-verbs.md), and queued for delivery, whether or not they were delivered before the
 	// subscription ended.
 	Reclaimed int64
 	// MissingBodies counts pending entries found trimmed or deleted from the
@@ -55,6 +56,12 @@ type Stats struct {
 	// yet: being handed over, in a handler's hands, or waiting to be
 	// delivered again after a Nack. At most one per subscription.
 	InFlight int64
+
+	// Verbs names the stream verbs newer than Redis 6.2's that the
+	// subscriptions use (docs/server-verbs.md): "baseline" for none, else
+	// a comma-separated list such as "claim-in-read,ackdel". Empty until
+	// the first group Subscribe has asked the server.
+	Verbs string
 }
 
 // Stats returns the Subscriber's counters and gauges.
@@ -73,5 +80,6 @@ func (s *Subscriber) Stats() Stats {
 		Faults:          c.Faults.Load(),
 		ReadAhead:       c.ReadAhead.Load(),
 		InFlight:        c.InFlight.Load(),
+		Verbs:           s.verbs.Path(),
 	}
 }

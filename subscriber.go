@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/serverinfo"
 	"github.com/echomq/valkeystream/internal/sharedread"
 )
 
@@ -31,7 +33,8 @@ type Subscriber struct {
 	stats    loop.Counters
 	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
-	failover failover.Hints // helps the client through a failover
+	failover failover.Hints    // helps the client through a failover
+	verbs    *serverinfo.Known // the server's newer verbs (verbs.go)
 
 	shared  *sharedread.Registry // blocking reads shared by subscriptions
 	delayed delayedMoves         // moves due delayed messages; see delay.go
@@ -65,7 +68,16 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 		closing: closing,
 		life:    lifecycle{cancel: cancel},
 	}
+	s.verbs = serverinfo.NewKnown(config.Client, config.BaselineVerbs)
 	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
+	if config.ClaimInterval != NoReclaim {
+		s.shared.ClaimInReads(func() time.Duration {
+			if s.verbs.Current().ClaimInRead {
+				return config.ClaimMinIdle
+			}
+			return 0
+		})
+	}
 	return s, nil
 }
 
@@ -182,6 +194,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
+		if err := s.checkVerbs(runCtx, key); err != nil {
+			abort()
+			return nil, s.closedOr(err)
+		}
 		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
 		if err != nil {
 			abort()

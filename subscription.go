@@ -48,7 +48,15 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 	from := origin{stream: key, group: cfg.Group, consumer: cfg.Consumer}
 	pruner := s.newPruner(key, lease.name, logger)
 	deps := loop.Deps{
-		Server:   loop.NewRedisServer(s.config.Client, key, cfg.Group, cfg.Consumer, cfg.ClaimMinIdle, cfg.BlockTime, &s.failover),
+		Server: loop.NewRedisServer(s.config.Client, loop.RedisServerOptions{
+			Key: key, Group: cfg.Group, Consumer: cfg.Consumer,
+			ClaimMinIdle: cfg.ClaimMinIdle, BlockTime: cfg.BlockTime,
+			ClaimInReads: cfg.ClaimInterval != NoReclaim,
+			DeleteAcked:  s.config.DeleteAcked,
+			Hints:        &s.failover,
+			Verbs:        s.serverVerbs,
+			Forget:       s.verbs.Forget,
+		}),
 		Counters: &s.stats,
 		Logger:   logger,
 		Health:   health,

@@ -366,24 +366,38 @@ func (l *Group) readShared(ctx context.Context) error {
 	return nil
 }
 
-// enqueueNew queues entries read for the first time and returns how many
-// it read. An entry that the drain delivered already (the read reached the
-// server before it, see fetchPlan.seen) is not queued again.
+// enqueueNew queues the entries of a read of new entries and returns how
+// many it read. An entry that the drain delivered already (the read reached
+// the server before it, see fetchPlan.seen) is not queued again. An entry
+// the read claimed (Redis 8.4's XREADGROUP ... CLAIM) comes with its
+// delivery count and is counted as reclaimed; every other one is a first
+// delivery.
 func (l *Group) enqueueNew(es []Entry) int {
+	claimed := 0
 	for _, m := range l.unseen(es) {
-		// A first delivery: the server's count is 1 by definition.
-		l.held.push(entry{id: m.ID, fields: m.Fields, count: 1})
+		count := m.Count
+		if count > 1 {
+			claimed++
+		} else {
+			count = 1 // a first delivery: the server's count is 1 by definition
+		}
+		l.held.push(entry{id: m.ID, fields: m.Fields, count: count})
 		l.pre.read(m.Fields)
+	}
+	if claimed > 0 {
+		l.deps.Counters.Reclaimed.Add(int64(claimed))
+		l.deps.Logger.Info("Reclaimed idle entries in a read", watermill.LogFields{"entries": claimed})
 	}
 	return len(es)
 }
 
 // unseen returns es without the entries the drain delivered already (see
-// fetchPlan.seen).
+// fetchPlan.seen). An entry the read claimed was idle, so no drain of this
+// loop holds it: it is kept whatever its id.
 func (l *Group) unseen(es []Entry) []Entry {
 	var kept []Entry // nil while nothing was dropped
 	for i, e := range es {
-		if !l.plan.seen(e.ID) {
+		if e.Count > 1 || !l.plan.seen(e.ID) {
 			if kept != nil {
 				kept = append(kept, e)
 			}

@@ -65,14 +65,14 @@ type BlockingReader interface {
 // the user, it is go-redis' XReadGroup, with go-redis' read timeout for
 // blocking reads (the user's ReadTimeout may be shorter than block) and
 // its retries.
-func BlockingRead(ctx context.Context, r BlockingReader, own bool, group, consumer string, count int64, block time.Duration, streams []string) ([]redis.XStream, error) {
+func BlockingRead(ctx context.Context, r BlockingReader, own bool, a ReadArgs) ([]redis.XStream, error) {
 	if own {
-		cmd, once := NewReadOnce(ctx, group, consumer, count, block, streams)
+		cmd, once := NewReadOnce(ctx, a)
 		_ = r.Process(ctx, once)
 		return cmd.Result()
 	}
 	return r.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: group, Consumer: consumer, Streams: streams, Count: count, Block: block,
+		Group: a.Group, Consumer: a.Consumer, Streams: a.Streams, Count: a.Count, Block: a.Block, Claim: a.Claim,
 	}).Result()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/echomq/valkeystream/internal/bounded"
 	"github.com/echomq/valkeystream/internal/failover"
+	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
 // RedisServer is the Server of one group subscription on a go-redis client:
@@ -24,22 +26,60 @@ type RedisServer struct {
 	reader        BlockingReader
 	ownReader     bool
 	keys          []string // the stream key, as the scripts take it
-	group         string
-	consumer      string
-	minIdle       time.Duration
-	hints         *failover.Hints // the user's client's, shared with its Subscriber
+	opt           RedisServerOptions
 	readerHints   failover.Hints
 	interruptOnce sync.Once
 }
 
-// NewRedisServer returns the Server of the subscription of consumer in
-// group on stream key, through client. claimMinIdle is the claim threshold,
-// blockTime the longest blocking read;
-// hints are the Subscriber's failover hints for client.
-func NewRedisServer(client redis.UniversalClient, key, group, consumer string, claimMinIdle, blockTime time.Duration, hints *failover.Hints) *RedisServer {
-	reader, own := newBlockingReader(client, blockTime)
-	return &RedisServer{client: client, reader: reader, ownReader: own, keys: []string{key},
-		group: group, consumer: consumer, minIdle: claimMinIdle, hints: hints}
+// RedisServerOptions are what a RedisServer reads of its subscription.
+type RedisServerOptions struct {
+	Key, Group, Consumer string
+	// ClaimMinIdle is the claim threshold, BlockTime the longest blocking
+	// read.
+	ClaimMinIdle, BlockTime time.Duration
+	// ClaimInReads makes reads of new entries claim idle entries too, where
+	// the server can (XREADGROUP ... CLAIM); false with NoReclaim.
+	ClaimInReads bool
+	// DeleteAcked acknowledges with XACKDEL ... ACKED where the server can,
+	// deleting each entry every group has acknowledged.
+	DeleteAcked bool
+	// Hints are the Subscriber's failover hints for the client.
+	Hints *failover.Hints
+	// Verbs tells which newer verbs the server has (nil: none), finding it
+	// out when it does not know (see serverinfo.Known); Forget is told a
+	// failed call's error, after which Verbs finds out again.
+	Verbs  func(context.Context) serverinfo.Verbs
+	Forget func()
+}
+
+// NewRedisServer returns the Server of the subscription o names, through
+// client.
+func NewRedisServer(client redis.UniversalClient, o RedisServerOptions) *RedisServer {
+	reader, own := newBlockingReader(client, o.BlockTime)
+	return &RedisServer{client: client, reader: reader, ownReader: own, keys: []string{o.Key}, opt: o}
+}
+
+// verbs returns the newer verbs the server has; a probe the context ends
+// first answers none.
+func (s *RedisServer) verbs(ctx context.Context) serverinfo.Verbs {
+	if s.opt.Verbs == nil {
+		return serverinfo.Verbs{}
+	}
+	var v serverinfo.Verbs
+	_ = bounded.Call(ctx, func() {
+		got := s.opt.Verbs(ctx)
+		v = got
+	})
+	return v
+}
+
+// claimArg is the CLAIM of a read of new entries: the claim threshold where
+// the subscription reclaims and the server claims inside reads, else 0.
+func (s *RedisServer) claimArg(v serverinfo.Verbs) time.Duration {
+	if s.opt.ClaimInReads && v.ClaimInRead {
+		return s.opt.ClaimMinIdle
+	}
+	return 0
 }
 
 // Every call returns when ctx ends, whether or not the client honours
@@ -57,27 +97,30 @@ func (s *RedisServer) Send(ctx context.Context, t Trip) TripReply {
 }
 
 func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
+	v := s.verbs(ctx)
+	claim := s.claimArg(v)
 	pipe := s.client.Pipeline()
-	var ack *redis.IntCmd
+	var ack ackCmd
 	if len(t.Acks) > 0 {
-		ack = pipe.XAck(ctx, s.keys[0], s.group, t.Acks...)
+		ack = s.ack(ctx, pipe, v, t.Acks)
 	}
 	reads := make([]*redis.XStreamSliceCmd, len(t.Reads))
 	var asked int64
 	for i, n := range t.Reads {
 		var once redis.Cmder
-		reads[i], once = NewReadOnce(ctx, s.group, s.consumer, n, -1, []string{s.keys[0], ">"})
+		reads[i], once = NewReadOnce(ctx, ReadArgs{Group: s.opt.Group, Consumer: s.opt.Consumer, Count: n, Block: -1,
+			Claim: claim, Streams: []string{s.keys[0], ">"}})
 		_ = pipe.Process(ctx, once)
 		asked += n
 	}
 	var back *redis.Cmd
 	if len(t.HandBack) > 0 {
-		back = pipe.Do(ctx, HandBackArgs(s.keys[0], s.group, s.consumer, t.HandBack)...)
+		back = pipe.Do(ctx, HandBackArgs(s.keys[0], s.opt.Group, s.opt.Consumer, t.HandBack)...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var r TripReply
 	if ack != nil {
-		r.Acked, r.AckErr = ack.Result()
+		r.Acked, r.AckErr = ack.acked()
 	}
 	var got int64
 	for _, read := range reads {
@@ -117,7 +160,8 @@ func (s *RedisServer) block(ctx context.Context, count int64, block time.Duratio
 	s.readerMu.Lock()
 	reader := s.reader
 	s.readerMu.Unlock()
-	streams, err := BlockingRead(ctx, reader, s.ownReader, s.group, s.consumer, count, block, []string{s.keys[0], ">"})
+	streams, err := BlockingRead(ctx, reader, s.ownReader, ReadArgs{Group: s.opt.Group, Consumer: s.opt.Consumer, Count: count,
+		Block: block, Claim: s.claimArg(s.verbs(ctx)), Streams: []string{s.keys[0], ">"}})
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -147,7 +191,7 @@ func (s *RedisServer) ReadOwn(ctx context.Context, from string, count int64) ([]
 	var err error
 	if berr := bounded.Call(ctx, func() {
 		streams, err = s.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: s.group, Consumer: s.consumer, Streams: []string{s.keys[0], from}, Count: count, Block: -1,
+			Group: s.opt.Group, Consumer: s.opt.Consumer, Streams: []string{s.keys[0], from}, Count: count, Block: -1,
 		}).Result()
 	}); berr != nil {
 		return nil, berr
@@ -168,7 +212,7 @@ func (s *RedisServer) ListOwn(ctx context.Context, from string, count int64) ([]
 	var err error
 	if berr := bounded.Call(ctx, func() {
 		pending, err = s.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: s.keys[0], Group: s.group, Consumer: s.consumer, Start: from, End: "+", Count: count,
+			Stream: s.keys[0], Group: s.opt.Group, Consumer: s.opt.Consumer, Start: from, End: "+", Count: count,
 		}).Result()
 	}); berr != nil {
 		return nil, berr
@@ -188,8 +232,8 @@ func (s *RedisServer) Claim(ctx context.Context, from string, count int64) (Clai
 	var reply []any
 	var err error
 	if berr := bounded.Call(ctx, func() {
-		reply, err = s.client.Do(ctx, "XAUTOCLAIM", s.keys[0], s.group, s.consumer,
-			s.minIdle.Milliseconds(), from, "COUNT", count).Slice()
+		reply, err = s.client.Do(ctx, "XAUTOCLAIM", s.keys[0], s.opt.Group, s.opt.Consumer,
+			s.opt.ClaimMinIdle.Milliseconds(), from, "COUNT", count).Slice()
 	}); berr != nil {
 		return Claimed{}, berr
 	}
@@ -202,7 +246,7 @@ func (s *RedisServer) Claim(ctx context.Context, from string, count int64) (Clai
 // Hold runs holdScript.
 func (s *RedisServer) Hold(ctx context.Context, ids []string) ([]int64, error) {
 	args := make([]any, 0, len(ids)+2)
-	args = append(args, s.group, s.consumer)
+	args = append(args, s.opt.Group, s.opt.Consumer)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -222,7 +266,7 @@ func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (Cl
 	var reply []any
 	var err error
 	if berr := bounded.Call(ctx, func() {
-		reply, err = claimBackScript.Run(ctx, s.client, s.keys, s.group, s.consumer, id, count).Slice()
+		reply, err = claimBackScript.Run(ctx, s.client, s.keys, s.opt.Group, s.opt.Consumer, id, count).Slice()
 	}); berr != nil {
 		return ClaimedBack{}, berr
 	}
@@ -240,10 +284,13 @@ func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
 	if ok {
 		s.readerHints.Failed(c, err)
 	}
-	if s.hints == nil {
+	if s.opt.Forget != nil && failover.Symptom(err) {
+		s.opt.Forget() // the next call may reach another node
+	}
+	if s.opt.Hints == nil {
 		return delay
 	}
-	return s.hints.RetryDelay(s.client, err, delay)
+	return s.opt.Hints.RetryDelay(s.client, err, delay)
 }
 
 // Interrupt closes the reader, once; a second call returns once the first
@@ -276,32 +323,57 @@ type readOnce struct{ *redis.XStreamSliceCmd }
 
 func (readOnce) NoRetry() bool { return true }
 
-// NewReadOnce returns XREADGROUP GROUP group consumer COUNT count [BLOCK
-// block] STREAMS streams..., for a client never to send again (the second
-// value, to Process) and its result (the first). A negative block does not
-// block. It sets no read timeout of its own: the client's ReadTimeout must
-// cover block.
-func NewReadOnce(ctx context.Context, group, consumer string, count int64, block time.Duration, streams []string) (*redis.XStreamSliceCmd, redis.Cmder) {
-	args := make([]any, 0, 9+len(streams))
-	args = append(args, "xreadgroup", "group", group, consumer, "count", count)
-	if block >= 0 {
-		args = append(args, "block", block.Milliseconds())
+// ReadArgs is one XREADGROUP ... > of new entries.
+type ReadArgs struct {
+	Group, Consumer string
+	Count           int64
+	// Block is the longest wait for the first entry; negative: no wait.
+	Block time.Duration
+	// Claim, when positive, makes the read bring entries pending for longer
+	// than it first (CLAIM min-idle-time, Redis 8.4), longest idle first,
+	// each with its delivery count (see appendEntries).
+	Claim   time.Duration
+	Streams []string // keys, then one ">" per key
+}
+
+// NewReadOnce returns the XREADGROUP of a, for a client never to send
+// again (the second value, to Process), and its result (the first). It sets
+// no read timeout of its own: the client's ReadTimeout must cover a.Block.
+func NewReadOnce(ctx context.Context, a ReadArgs) (*redis.XStreamSliceCmd, redis.Cmder) {
+	args := make([]any, 0, 11+len(a.Streams))
+	args = append(args, "xreadgroup", "group", a.Group, a.Consumer, "count", a.Count)
+	if a.Block >= 0 {
+		args = append(args, "block", a.Block.Milliseconds())
+	}
+	if a.Claim > 0 {
+		args = append(args, "claim", a.Claim.Milliseconds())
 	}
 	args = append(args, "streams")
-	for _, s := range streams {
+	for _, s := range a.Streams {
 		args = append(args, s)
 	}
 	cmd := redis.NewXStreamSliceCmd(ctx, args...)
 	return cmd, readOnce{cmd}
 }
 
-// appendEntries appends msgs to es.
+// appendEntries appends msgs to es. A read with CLAIM reports with each
+// entry its delivery count before this delivery (0 for a new entry), as
+// Redis 8.4 to 8.6 answer (docs/server-verbs.md); an entry it claimed gets
+// its count after this delivery, as XPENDING reports it.
 func appendEntries(es []Entry, msgs []redis.XMessage) []Entry {
+	es = slices.Grow(es, len(msgs))
 	for _, m := range msgs {
-		es = append(es, Entry{ID: m.ID, Fields: m.Values})
+		e := Entry{ID: m.ID, Fields: m.Values}
+		if m.DeliveredCount > 0 {
+			e.Count = m.DeliveredCount + 1
+		}
+		es = append(es, e)
 	}
 	return es
 }
+
+// Entries returns the entries of a read's msgs (see appendEntries).
+func Entries(msgs []redis.XMessage) []Entry { return appendEntries(nil, msgs) }
 
 // isNoGroup reports whether err is the server's NOGROUP reply: the group or
 // the stream is gone.
@@ -415,3 +487,43 @@ end
 local q = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 return {'ok', q[1][4], c[1][2]}
 `)
+
+// ackCmd is the acknowledgement of a round trip: XACK, or XACKDEL.
+type ackCmd interface {
+	// acked returns how many of the ids were pending and are acknowledged
+	// now.
+	acked() (int64, error)
+}
+
+type xack struct{ *redis.IntCmd }
+
+func (a xack) acked() (int64, error) { return a.Result() }
+
+// xackdel is XACKDEL key group ACKED IDS n id...: per id 1 (acknowledged
+// and deleted), 2 (acknowledged, kept: a group has not acknowledged it
+// yet) or -1 (not pending in this group, as XACK would count 0).
+type xackdel struct{ *redis.SliceCmd }
+
+func (a xackdel) acked() (int64, error) {
+	replies, err := a.Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, r := range replies {
+		if code, ok := r.(int64); ok && code > 0 {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ack queues the acknowledgement of ids on pipe: XACKDEL ... ACKED where
+// the subscription deletes acknowledged entries and the server has it,
+// else XACK. This is the one place an acknowledgement of the loop is built.
+func (s *RedisServer) ack(ctx context.Context, pipe redis.Pipeliner, v serverinfo.Verbs, ids []string) ackCmd {
+	if s.opt.DeleteAcked && v.AckDel {
+		return xackdel{pipe.XAckDel(ctx, s.keys[0], s.opt.Group, "ACKED", ids...)}
+	}
+	return xack{pipe.XAck(ctx, s.keys[0], s.opt.Group, ids...)}
+}

@@ -9,6 +9,11 @@ import (
 type Entry struct {
 	ID     string
 	Fields map[string]any // nil when the body is gone from the stream
+	// Count is the delivery count of an entry a read of new entries
+	// claimed (XREADGROUP ... CLAIM, see ReadArgs.Claim), this delivery
+	// included, so at least 2; 0 for every other entry (a read of new
+	// entries delivers them for the first time).
+	Count int64
 }
 
 // Server is every call a group subscription makes to the server, for one

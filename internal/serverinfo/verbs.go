@@ -226,6 +226,20 @@ func (k *Known) Current() Verbs {
 	return k.verbs
 }
 
+// Path names the path in use: Verbs.String() of the last answer,
+// "baseline" when forced, "" before the first answer.
+func (k *Known) Path() string {
+	if k == nil || k.baseline {
+		return "baseline"
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.probed {
+		return ""
+	}
+	return k.verbs.String()
+}
+
 // Forget makes the next Verbs probe again: a failover may have moved the
 // client to a node of another version.
 func (k *Known) Forget() {

@@ -56,6 +56,7 @@ package sharedread
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,8 @@ type Registry struct {
 	logger watermill.LoggerAdapter
 	faults *atomic.Int64
 	spawn  func(func()) // runs a goroutine the Subscriber's Close waits for
+	// claim is the CLAIM of each read (see loop.ReadArgs.Claim), 0 for none.
+	claim func() time.Duration
 
 	mu     sync.Mutex
 	off    bool // the client lacks a permission: subscriptions read on their own
@@ -99,8 +102,15 @@ type Registry struct {
 // returns nil. spawn runs each reader's goroutines.
 func NewRegistry(client redis.UniversalClient, group string, block time.Duration, logger watermill.LoggerAdapter, faults *atomic.Int64, spawn func(func())) *Registry {
 	c, _ := client.(*redis.Client)
-	return &Registry{client: c, group: group, block: block, logger: logger, faults: faults, spawn: spawn}
+	return &Registry{client: c, group: group, block: block, logger: logger, faults: faults, spawn: spawn,
+		claim: func() time.Duration { return 0 }}
 }
+
+// ClaimInReads makes every shared read claim entries idle for longer than
+// the duration claim returns, where it returns more than 0 (see
+// loop.ReadArgs.Claim); it is asked before each read. Call it before the
+// first Join.
+func (reg *Registry) ClaimInReads(claim func() time.Duration) { reg.claim = claim }
 
 // reader is one shared read loop, for one consumer name, over its own
 // connection.
@@ -131,12 +141,13 @@ type readConn interface {
 
 // readState is where a reader's read stands; reader.mu guards it.
 type readState struct {
-	ending      bool   // no members left: end after the read in flight
-	reading     bool   // a read is in flight
-	seq         uint64 // of the read in flight, or of the last one
-	count       int64  // COUNT of the read in flight
-	interrupted bool   // an interrupt was asked for the read in flight
-	interruptOf uint64 // seq of the read the last interrupt is for
+	ending      bool          // no members left: end after the read in flight
+	reading     bool          // a read is in flight
+	seq         uint64        // of the read in flight, or of the last one
+	count       int64         // COUNT of the read in flight
+	claim       time.Duration // CLAIM of the read in flight, 0 for none
+	interrupted bool          // an interrupt was asked for the read in flight
+	interruptOf uint64        // seq of the read the last interrupt is for
 }
 
 // signals are the channels between a reader's goroutines.
@@ -487,7 +498,8 @@ func (r *reader) readLoop() {
 // client as go-redis does).
 func (r *reader) read() ([]redis.XStream, error) {
 	_, own := r.conn.(*redis.Client)
-	return loop.BlockingRead(context.Background(), r.conn, own, r.reg.group, r.consumer, r.st.count, r.reg.block, r.streams)
+	return loop.BlockingRead(context.Background(), r.conn, own, loop.ReadArgs{Group: r.reg.group, Consumer: r.consumer,
+		Count: r.st.count, Block: r.reg.block, Claim: r.st.claim, Streams: r.streams})
 }
 
 // reconnect replaces a connection taken from the user's client after a
@@ -517,10 +529,12 @@ func (r *reader) nextReadLocked() bool {
 	r.keys = r.keys[:0]
 	var count int64
 	seq := r.st.seq + 1
+	waiting := true
 	for k, m := range r.members {
 		if m.got == nil && (!m.covered || len(m.parked) > 0 || m.failed != nil) {
 			continue
 		}
+		waiting = waiting && m.got != nil
 		r.keys = append(r.keys, k)
 		m.inRead = seq
 		if count == 0 || m.count < count {
@@ -535,6 +549,15 @@ func (r *reader) nextReadLocked() bool {
 		r.streams = append(r.streams, ">")
 	}
 	r.st.seq, r.st.count = seq, max(count, 1)
+	// Claim inside the read only while every subscription it reads for
+	// waits: a subscription that does not wait may be draining its own
+	// pending list, which would deliver an entry of its own this read
+	// claimed a second time. What a claim brings for one that stopped
+	// waiting meanwhile is handed back, never parked (see handOut).
+	r.st.claim = 0
+	if waiting {
+		r.st.claim = r.reg.claim()
+	}
 	return true
 }
 
@@ -575,16 +598,23 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 			}
 			continue
 		}
-		entries := make([]loop.Entry, len(s.Messages))
-		for i, e := range s.Messages {
-			entries[i] = loop.Entry{ID: e.ID, Fields: e.Values}
-		}
+		entries := loop.Entries(s.Messages)
 		full := int64(len(entries)) >= r.st.count
 		m.covered = !full // a full read: the subscription reads on its own, see the package doc
 		if m.got != nil {
 			m.got <- sharedReadResult{entries: entries, full: full}
 			m.got = nil
 			continue
+		}
+		if claimed := claimedIDs(entries); len(claimed) > 0 {
+			if back == nil {
+				back = map[string][]string{}
+			}
+			back[s.Stream] = append(back[s.Stream], claimed...)
+			entries = slices.DeleteFunc(entries, func(e loop.Entry) bool { return e.Count > 1 })
+			if len(entries) == 0 {
+				continue
+			}
 		}
 		if len(m.parked) == 0 {
 			m.parkedAt = now
@@ -597,8 +627,22 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 	}
 }
 
+// claimedIDs returns the ids of the entries a read claimed (see
+// loop.Entry.Count).
+func claimedIDs(es []loop.Entry) []string {
+	var ids []string
+	for _, e := range es {
+		if e.Count > 1 {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
 // handBack hands back entries that a read brought for subscriptions that
-// had ended, so that a peer takes them at its next claim beat.
+// had ended, and entries a read claimed for subscriptions that stopped
+// waiting, so that a peer (or the subscription) takes them at its next
+// claim.
 func (r *reader) handBack(back map[string][]string) {
 	ctx, cancel := context.WithTimeout(context.Background(), loop.ExitTimeout)
 	defer cancel()

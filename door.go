@@ -10,6 +10,7 @@ import (
 
 	"github.com/echomq/valkeystream/internal/lease"
 	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
 // openGroup is the group door: XGROUP CREATE <key> <group> <start> MKSTREAM,
@@ -45,8 +46,9 @@ func (s *Subscriber) doorError(ctx context.Context, key string, err error) error
 // with arguments that change nothing (loop.CheckScripts) (so that a client that may not run
 // scripts fails here rather than at its first Nack, and so that the server
 // has them cached: EVAL with the body, which needs no second round trip
-// when the server does not know them yet), and takes the lease on the base
-// consumer name if it is free (lease.QueueFirst). When another subscription
+// when the server does not know them yet), takes the lease on the base
+// consumer name if it is free (lease.QueueFirst), and, the first time, asks
+// which newer verbs the server has (serverinfo.DocsCommand). When another subscription
 // holds that name, takeName goes on from there (see internal/lease). At a
 // distance from the server the round trips of Subscribe are its time, and a
 // router subscribes one handler after another.
@@ -56,10 +58,18 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
 	scripts := loop.CheckScripts(ctx, pipe, key, group, consumer)
 	first := lease.QueueFirst(ctx, pipe, s.leaseConfig(key), s.leaseDeps(key, logger))
+	var docs *redis.Cmd // which newer verbs the server has, asked once (verbs.go)
+	if s.verbs.NeedsProbe() {
+		docs = serverinfo.DocsCommand(ctx)
+		_ = pipe.Process(ctx, docs)
+	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	err := s.doorError(ctx, key, door.Err())
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
+	}
+	if err == nil {
+		err = s.checkVerbs(ctx, key, docs)
 	}
 	if err != nil {
 		first.Abandon() // deletes the lease if the pipeline took it

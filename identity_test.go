@@ -473,7 +473,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+xinfo|groups", "+exists", "+evalsha", "+eval",
 		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem",
-		"+client|id", "+client|unblock"}
+		"+client|id", "+client|unblock", "+command|docs"}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
 	require.NoError(t, e.client.Do(ctx, "ACL", "LOG", "RESET").Err())

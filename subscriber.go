@@ -194,10 +194,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		if err := s.checkVerbs(runCtx, key); err != nil {
-			abort()
-			return nil, s.closedOr(err)
-		}
 		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
 		if err != nil {
 			abort()

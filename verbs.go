@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream/internal/serverinfo"
 )
@@ -16,34 +17,36 @@ import (
 // speed differs, and DeleteAcked needs XACKDEL.
 
 // serverVerbs returns the newer verbs of the Subscriber's server, finding
-// them out if it does not know them, and logs what it found when that
-// changed. A probe that failed answers what was known before (nothing the
-// first time): the call that follows fails the same way and is retried.
+// them out if it does not know them. A probe that failed answers what was
+// known before (nothing the first time): the call that follows fails the
+// same way and is retried.
 func (s *Subscriber) serverVerbs(ctx context.Context) serverinfo.Verbs {
-	v, changed, refused, err := s.verbs.Verbs(ctx)
+	v, _ := s.noteVerbs(s.verbs.Verbs(ctx))
+	return v
+}
+
+// noteVerbs logs an answer of s.verbs that changed, and returns it, or
+// what was known before with the error of a failed probe.
+func (s *Subscriber) noteVerbs(v serverinfo.Verbs, changed bool, refused string, err error) (serverinfo.Verbs, error) {
 	if err != nil {
-		return s.verbs.Current()
+		return s.verbs.Current(), err
 	}
 	if changed {
 		logVerbs(s.logger, "Subscriber", v, refused)
 		if s.config.DeleteAcked && !v.AckDel {
-			s.logger.Error("DeleteAcked is set, but the server no longer has XACKDEL (a failover to an older node?): entries are acknowledged with XACK and stay in the stream until trimmed",
+			s.logger.Error("DeleteAcked is set, but the server has no XACKDEL (a failover to an older node?): entries are acknowledged with XACK and stay in the stream until trimmed",
 				nil, watermill.LogFields{"verbs": v.String()})
 		}
 	}
-	return v
+	return v, nil
 }
 
-// checkVerbs finds out the server's verbs before a group subscription to
-// key starts, and fails it when DeleteAcked cannot be honoured.
-func (s *Subscriber) checkVerbs(ctx context.Context, key string) error {
-	if s.config.BaselineVerbs {
-		return nil
-	}
-	v, _, _, err := s.verbs.Verbs(ctx)
-	if err == nil {
-		v = s.serverVerbs(ctx) // logs the first answer
-	}
+// checkVerbs learns the server's verbs from docs (the reply of
+// serverinfo.DocsCommand sent with the door, or nil when they were known
+// then) as a group subscription to key starts, and fails it when
+// DeleteAcked cannot be honoured.
+func (s *Subscriber) checkVerbs(ctx context.Context, key string, docs *redis.Cmd) error {
+	v, err := s.noteVerbs(s.verbs.Learn(ctx, docs))
 	switch {
 	case !s.config.DeleteAcked:
 		return nil // a failed probe is tried again by the loop's first call

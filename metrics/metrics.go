@@ -211,7 +211,7 @@ var subscriberCounters = []struct {
 	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacked }},
 	{desc("subscriber_nack_waits_total", "Nacks after which the message waited (the Nack backoff) before it was delivered again.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NackWaits }},
 	{desc("subscriber_drained_total", "Own pending entries delivered again after a start or a fault.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Drained }},
-	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
+	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM, or inside reads with XREADGROUP ... CLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
 	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
 	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, hold beats, lease renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
@@ -261,6 +261,7 @@ var (
 	descCPending    = desc("consumer_pending", "Entries pending for the consumer.", labelConsumer)
 	descCIdle       = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
 
+	descSubscriberVerbs = desc("subscriber_verbs_info", "1, labelled with the stream verbs newer than Redis 6.2's the subscriptions use (docs/server-verbs.md): baseline, or a list such as claim-in-read,ackdel; absent until the first group Subscribe asked the server.", []string{"subscriber", "verbs"})
 	descNackWaitSeconds = desc("subscriber_nack_wait_seconds_total", "Time Nacked messages waited (the Nack backoff) before they were delivered again.", labelSubscriber)
 
 	descSamples      = desc("server_samples_total", "Samples of the server taken.", nil)
@@ -276,6 +277,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- s.desc
 	}
 	ch <- descNackWaitSeconds
+	ch <- descSubscriberVerbs
 	for _, p := range publisherCounters {
 		ch <- p.desc
 	}
@@ -314,6 +316,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(sg.desc, prometheus.GaugeValue, float64(sg.get(stats)), name)
 		}
 		ch <- prometheus.MustNewConstMetric(descNackWaitSeconds, prometheus.CounterValue, stats.NackWaitSeconds, name)
+		if stats.Verbs != "" {
+			ch <- prometheus.MustNewConstMetric(descSubscriberVerbs, prometheus.GaugeValue, 1, name, stats.Verbs)
+		}
 		for _, st := range s.Subscriptions() {
 			labels := []string{name, st.Stream, st.Group, st.Consumer}
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, boolValue(!st.Ended), labels...)

@@ -255,6 +255,10 @@ func TestSubscriberAndPublisher(t *testing.T) {
 	g.want(t, "valkeystream_subscriber_nack_waits_total", "subscriber=billing", 2)
 	g.want(t, "valkeystream_subscriber_nack_wait_seconds_total", "subscriber=billing", 2*time.Millisecond.Seconds())
 	g.want(t, "valkeystream_subscriber_faults_total", "subscriber=billing", 0)
+	g.want(t, "valkeystream_subscriber_verbs_info", "subscriber=billing,verbs="+st.Verbs, 1)
+	if st.Verbs == "" {
+		t.Error("Stats.Verbs is empty after a group Subscribe")
+	}
 	if st.Delivered != n+2 {
 		t.Errorf("delivered %d, want %d (two redeliveries after the Nacks)", st.Delivered, n+2)
 	}

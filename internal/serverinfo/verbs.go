@@ -57,10 +57,22 @@ func (v Verbs) String() string {
 // command, and err is nil. err is a failed call (a connection error, say):
 // nothing was found out.
 func Probe(ctx context.Context, client redis.UniversalClient) (v Verbs, refused string, err error) {
-	docs, err := client.Do(ctx, "COMMAND", "DOCS", "xreadgroup", "xadd", "xackdel").Result()
+	docs := DocsCommand(ctx)
+	_ = client.Process(ctx, docs)
+	return fromDocs(ctx, client, docs)
+}
+
+// DocsCommand returns the COMMAND DOCS call of Probe, for a caller to send
+// in a pipeline of its own and hand to Known.Learn.
+func DocsCommand(ctx context.Context) *redis.Cmd {
+	return redis.NewCmd(ctx, "COMMAND", "DOCS", "xreadgroup", "xadd", "xackdel")
+}
+
+// fromDocs is Probe's answer from the reply of DocsCommand.
+func fromDocs(ctx context.Context, client redis.UniversalClient, docsCmd *redis.Cmd) (v Verbs, refused string, err error) {
+	docs, err := docsCmd.Result()
 	if err != nil {
-		var reply redis.Error
-		if errors.As(err, &reply) {
+		if isReply(err) {
 			return Verbs{}, fmt.Sprintf("COMMAND DOCS (%v)", err), nil
 		}
 		return Verbs{}, "", fmt.Errorf("asking the server which stream verbs it has (COMMAND DOCS): %w", err)
@@ -199,6 +211,28 @@ func NewKnown(client redis.UniversalClient, baseline bool) *Known {
 // the caller to log. A failed probe returns its error and the baseline, and
 // is tried again next time.
 func (k *Known) Verbs(ctx context.Context) (v Verbs, changed bool, refused string, err error) {
+	return k.learn(ctx, nil)
+}
+
+// NeedsProbe reports whether the next Verbs would ask the server: a caller
+// that sends a pipeline anyway may add DocsCommand to it and hand it to
+// Learn.
+func (k *Known) NeedsProbe() bool {
+	if k == nil || k.baseline {
+		return false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return !k.known
+}
+
+// Learn is Verbs from docs, a DocsCommand already sent (unless something is
+// known already: then docs is ignored).
+func (k *Known) Learn(ctx context.Context, docs *redis.Cmd) (v Verbs, changed bool, refused string, err error) {
+	return k.learn(ctx, docs)
+}
+
+func (k *Known) learn(ctx context.Context, docs *redis.Cmd) (v Verbs, changed bool, refused string, err error) {
 	if k == nil || k.baseline {
 		return Verbs{}, false, "", nil
 	}
@@ -207,7 +241,11 @@ func (k *Known) Verbs(ctx context.Context) (v Verbs, changed bool, refused strin
 	if k.known {
 		return k.verbs, false, "", nil
 	}
-	v, refused, err = Probe(ctx, k.client)
+	if docs == nil {
+		v, refused, err = Probe(ctx, k.client)
+	} else {
+		v, refused, err = fromDocs(ctx, k.client, docs)
+	}
 	if err != nil {
 		return Verbs{}, false, "", err
 	}

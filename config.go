@@ -510,9 +510,9 @@ type PublisherConfig struct {
 	// With it, the client may send an XADD again after a connection error
 	// within one Publish, and messages listed in PublishError.MaybeWritten
 	// (or not confirmed by replicas, ErrNotReplicated) are safe to publish
-	// again within the window. A message with an empty UUID is not
-	// deduplicated, nor are the messages of a Publish call that carries a
-	// delayed message (see docs/delay.md).
+	// again within the window. The messages of a Publish call that carries
+	// a delayed message are not deduplicated (see docs/delay.md), nor is a
+	// message with an empty UUID (which DefaultMarshaler refuses).
 	//
 	// On Redis 8.6 and later the server deduplicates (XADD ... IDMP): the
 	// Publisher sets the stream's IDMP-DURATION to the window and

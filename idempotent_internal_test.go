@@ -1,6 +1,7 @@
 package valkeystream
 
 import (
+	"hash/fnv"
 	"testing"
 	"time"
 )
@@ -15,6 +16,13 @@ func TestIdempotentProducerIsPinned(t *testing.T) {
 	} {
 		if got := idempotentProducer(tc.uuid); got != tc.want {
 			t.Errorf("idempotentProducer(%q) = %q, want %q", tc.uuid, got, tc.want)
+		}
+	}
+	for _, uuid := range []string{"", "a", "0b5e3c1e-8f4e-4c9a-9d2f-1a2b3c4d5e6f", "ünïcode"} {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(uuid))
+		if got, want := idempotentProducer(uuid), producerIDs[h.Sum32()%idempotentProducers]; got != want {
+			t.Errorf("idempotentProducer(%q) = %q, want %q (hash/fnv's FNV-1a)", uuid, got, want)
 		}
 	}
 	seen := map[string]bool{}

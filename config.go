@@ -500,12 +500,51 @@ type PublisherConfig struct {
 	// Retention trims a topic's stream as entries are added, by topic (the
 	// name passed to Publish, without KeyPrefix). Default: no trimming.
 	//
-	// Trimming removes entries whether or not a consumer group has handled
+	// Where the server trims with XADD ... ACKED (Redis 8.2.7, 8.4.4, 8.6
+	// and later; see docs/server-verbs.md), trimming keeps every entry that
+	// some consumer group of the stream has not acknowledged, including
+	// those a group has not read yet, unless Retention.DropUnacknowledged is
+	// set: the stream then grows past the limit while a group lags. On
+	// other servers, with DropUnacknowledged, or with BaselineVerbs,
+	// trimming removes entries whether or not a consumer group has handled
 	// them: an entry trimmed while it is still pending is lost to its group
 	// (the Subscriber acknowledges it and counts it in Stats.MissingBodies),
-	// and one trimmed before any group read it is never delivered. Keep
-	// retention well above the longest backlog you expect.
+	// and one trimmed before any group read it is never delivered; the
+	// Publisher logs that once per topic (unless DropUnacknowledged says it
+	// is meant). Keep retention well above the longest backlog you expect.
 	Retention map[string]Retention
+
+	// IdempotentWindow makes publishing idempotent: a message published
+	// again with the same UUID within this time of the first is stored once
+	// (the Publish of the copy succeeds and adds nothing). It must be
+	// between 1s and MaxIdempotentWindow (24h); the server counts it in
+	// whole seconds, rounded up. Default: 0, off.
+	//
+	// With it, the client may send an XADD again after a connection error
+	// within one Publish, and messages listed in PublishError.MaybeWritten
+	// (or not confirmed by replicas, ErrNotReplicated) are safe to publish
+	// again within the window. The messages of a Publish call that carries
+	// a delayed message are not deduplicated (see docs/delay.md), nor is a
+	// message with an empty UUID (which DefaultMarshaler refuses).
+	//
+	// On Redis 8.6 and later the server deduplicates (XADD ... IDMP): the
+	// Publisher sets the stream's IDMP-DURATION to the window and
+	// IDMP-MAXSIZE to 10000 before its first XADD to the stream, and
+	// spreads UUIDs over 16 producer ids ("valkeystream-0" to
+	// "valkeystream-f", by the FNV-1a hash of the UUID), so a copy is
+	// caught while its UUID is among the last 10000 of its producer id
+	// (about 160000 messages of the stream) and within the window. Every
+	// Publisher of a stream must use the same window: setting another one
+	// makes the server forget the UUIDs it remembers. On older servers, or
+	// with BaselineVerbs, a script stores each message with a mark key
+	// beside the stream ("{<stream>}:idmp:<uuid>", or "<stream>.idmp:<uuid>"
+	// when the stream key has a hash tag) that expires after the window:
+	// one key per message published within the window, and a topic that
+	// contains '}' without a hash tag cannot be published there. The two
+	// paths do not see each other's marks: a copy published after the
+	// client moved to a server of another version (a failover, an upgrade)
+	// is not caught.
+	IdempotentWindow time.Duration
 
 	// WaitReplicas makes Publish wait until this many replicas have
 	// acknowledged the call's entries (not with a redis.Ring client): WAIT follows the XADDs in the same
@@ -536,8 +575,11 @@ type PublisherConfig struct {
 	// supported server has (Redis 6.2's), even where the server has newer
 	// ones (see docs/server-verbs.md): idempotent publishing by script
 	// instead of XADD ... IDMP (Redis 8.6), and Retention trimming without
-	// ACKED (Redis 8.2). Default: false, each verb is used where the server
-	// has it.
+	// ACKED (Redis 8.2), which may drop unacknowledged entries. Default:
+	// false, each verb is used where the server has it. The Publisher
+	// finds out which verbs the server has (COMMAND DOCS) only when
+	// IdempotentWindow or Retention needs to, and logs the answer at Info;
+	// PublisherStats.Verbs shows it.
 	BaselineVerbs bool
 }
 
@@ -552,6 +594,12 @@ type Retention struct {
 	// host and server shifts it). 0: no limit; an age reaching back before
 	// 1970 trims nothing either.
 	MaxAge time.Duration
+	// DropUnacknowledged makes trimming remove entries whether or not the
+	// stream's consumer groups acknowledged them, as on servers without
+	// XADD ... ACKED: the stream stays within its limit however far a group
+	// lags, and a lagging group loses entries. Default: false, where the
+	// server can, trimming keeps entries some group has not acknowledged.
+	DropUnacknowledged bool
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -587,6 +635,14 @@ func (c PublisherConfig) Validate() error {
 	}
 	if rt, ok := readTimeout(c.Client); ok && c.WaitReplicas > 0 && c.WaitTimeout >= rt {
 		return fmt.Errorf("%w: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the round trip that carries WAIT", ErrInvalidConfig, c.WaitTimeout, rt)
+	}
+	switch {
+	case c.IdempotentWindow < 0:
+		return fmt.Errorf("%w: IdempotentWindow is %s: it must be 0 (off) or between 1s and %s", ErrInvalidConfig, c.IdempotentWindow, MaxIdempotentWindow)
+	case c.IdempotentWindow > 0 && c.IdempotentWindow < time.Second:
+		return fmt.Errorf("%w: IdempotentWindow is %s: it must be at least 1s (the server counts it in whole seconds), or 0 (off)", ErrInvalidConfig, c.IdempotentWindow)
+	case c.IdempotentWindow > MaxIdempotentWindow:
+		return fmt.Errorf("%w: IdempotentWindow is %s: it must be at most %s (the server's longest IDMP-DURATION)", ErrInvalidConfig, c.IdempotentWindow, MaxIdempotentWindow)
 	}
 	for topic, r := range c.Retention {
 		switch {

@@ -104,7 +104,7 @@ func TestPublisherConfigValidate(t *testing.T) {
 		cfg  valkeystream.PublisherConfig
 		want string
 	}{
-		{name: "valid", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"a": {MaxLen: 10}, "b": {MaxAge: time.Hour}}}},
+		{name: "valid", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"a": {MaxLen: 10}, "b": {MaxAge: time.Hour, DropUnacknowledged: true}}}},
 		{name: "no client", cfg: valkeystream.PublisherConfig{}, want: "Client"},
 		{name: "prefix with brace", cfg: valkeystream.PublisherConfig{Client: client, KeyPrefix: "a}"}, want: "KeyPrefix"},
 		{name: "both limits", cfg: valkeystream.PublisherConfig{Client: client, Retention: map[string]valkeystream.Retention{"t": {MaxLen: 1, MaxAge: time.Hour}}},
@@ -118,6 +118,11 @@ func TestPublisherConfigValidate(t *testing.T) {
 		{name: "WaitTimeout under 1ms", cfg: valkeystream.PublisherConfig{Client: client, WaitReplicas: 1, WaitTimeout: time.Microsecond}, want: "WaitTimeout is 1µs"},
 		{name: "WaitTimeout beyond ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slow, WaitReplicas: 1, WaitTimeout: 2 * time.Second},
 			want: "WaitTimeout (2s) must be below the client's ReadTimeout (1s)"},
+		{name: "idempotent", cfg: valkeystream.PublisherConfig{Client: client, IdempotentWindow: time.Second}},
+		{name: "idempotent for a day", cfg: valkeystream.PublisherConfig{Client: client, IdempotentWindow: valkeystream.MaxIdempotentWindow}},
+		{name: "negative IdempotentWindow", cfg: valkeystream.PublisherConfig{Client: client, IdempotentWindow: -time.Second}, want: "IdempotentWindow is -1s"},
+		{name: "IdempotentWindow under 1s", cfg: valkeystream.PublisherConfig{Client: client, IdempotentWindow: 999 * time.Millisecond}, want: "IdempotentWindow is 999ms: it must be at least 1s"},
+		{name: "IdempotentWindow over a day", cfg: valkeystream.PublisherConfig{Client: client, IdempotentWindow: 25 * time.Hour}, want: "IdempotentWindow is 25h0m0s: it must be at most 24h0m0s"},
 		{name: "wait on a ring", cfg: valkeystream.PublisherConfig{Client: ring, WaitReplicas: 1}, want: "WaitReplicas is 1 with a redis.Ring client"},
 		{name: "WaitTimeout beyond a cluster's ReadTimeout", cfg: valkeystream.PublisherConfig{Client: slowCluster, WaitReplicas: 1},
 			want: "WaitTimeout (1s) must be below the client's ReadTimeout (500ms)"},

@@ -57,10 +57,21 @@ func DelayedKey(streamKey string) (string, error) {
 	if hasHashTag(streamKey) {
 		return streamKey + delayedTaggedSuffix, nil
 	}
-	if strings.Contains(streamKey, "}") {
-		return "", fmt.Errorf("valkeystream: stream key %q contains '}' without a hash tag, so no other key can share its cluster slot: delayed messages need a topic without '}' or with a hash tag such as {orders}", streamKey)
+	tagged, err := slotTag(streamKey)
+	if err != nil {
+		return "", fmt.Errorf("%w: delayed messages need a topic without '}' or with a hash tag such as {orders}", err)
 	}
-	return "{" + streamKey + "}" + delayedSuffix, nil
+	return tagged + delayedSuffix, nil
+}
+
+// slotTag returns a stream key without a hash tag made the hash tag of the
+// keys that share its cluster slot: "{" + streamKey + "}". A key that
+// contains '}' cannot be made one.
+func slotTag(streamKey string) (string, error) {
+	if strings.Contains(streamKey, "}") {
+		return "", fmt.Errorf("valkeystream: stream key %q contains '}' without a hash tag, so no other key can share its cluster slot", streamKey)
+	}
+	return "{" + streamKey + "}", nil
 }
 
 // hasHashTag reports whether a cluster hashes only part of key: a '{'
@@ -161,7 +172,9 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 	if err != nil {
 		return fail(err)
 	}
-	trimBy, trimTo := "", ""
+	ctx, cancel := publishContext(msgs)
+	defer cancel()
+	trimBy, trimTo, mode := "", "", ""
 	if r, ok := p.config.Retention[topic]; ok {
 		switch {
 		case r.MaxLen > 0:
@@ -171,9 +184,17 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 				trimBy, trimTo = "MINID", strconv.FormatInt(oldest, 10)
 			}
 		}
+		if trimBy != "" && !r.DropUnacknowledged {
+			verbs, err := p.serverVerbs(ctx)
+			if err != nil {
+				p.failover.Failed(p.config.Client, err)
+				return fail(err)
+			}
+			mode = p.trimMode(topic, r, verbs)
+		}
 	}
-	args := make([]any, 0, 2+2*len(msgs))
-	args = append(args, trimBy, trimTo)
+	args := make([]any, 0, 3+2*len(msgs))
+	args = append(args, trimBy, trimTo, mode)
 	for i, m := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, m)
 		if err != nil {
@@ -185,10 +206,8 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 		}
 		args = append(args, ceilMillis(plan.waits[i]), member)
 	}
-	ctx, cancel := publishContext(msgs)
-	defer cancel()
 	if err := p.combiners.wait.runScript(ctx, p.config.Client, key, delayAddScript, []string{delayedKey, key}, args...); err != nil {
-		p.failover.Failed(p.config.Client, err)
+		p.failed(err)
 		if errors.Is(err, ErrNotReplicated) {
 			return fail(err)
 		}
@@ -221,9 +240,9 @@ func encodeDelayedEntry(fields []any) (string, error) {
 }
 
 // delayAddScript writes the messages of one Publish call. For each pair of
-// ARGV[3...] (wait in milliseconds, encoded entry): a wait of 0 appends the
+// ARGV[4...] (wait in milliseconds, encoded entry): a wait of 0 appends the
 // entry to the stream, trimmed as ARGV[1] ("MAXLEN", "MINID" or "") and
-// ARGV[2] say; a positive wait adds the entry to the sorted set, scored by
+// ARGV[2] say, in the mode of ARGV[3] ("ACKED" or ""); a positive wait adds the entry to the sorted set, scored by
 // the server's time in milliseconds (rounded up) plus the wait. An entry
 // already waiting keeps its due time. It returns how many messages were
 // written.
@@ -232,17 +251,19 @@ func encodeDelayedEntry(fields []any) (string, error) {
 var delayAddScript = redis.NewScript(delayed.DecodeEntryLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local wait = tonumber(ARGV[i])
   if wait > 0 then
     redis.call('ZADD', KEYS[1], 'NX', now + wait, ARGV[i + 1])
-  elseif ARGV[1] ~= '' then
-    redis.call('XADD', KEYS[2], ARGV[1], '~', ARGV[2], '*', unpack(fields(ARGV[i + 1])))
-  else
+  elseif ARGV[1] == '' then
     redis.call('XADD', KEYS[2], '*', unpack(fields(ARGV[i + 1])))
+  elseif ARGV[3] ~= '' then
+    redis.call('XADD', KEYS[2], ARGV[3], ARGV[1], '~', ARGV[2], '*', unpack(fields(ARGV[i + 1])))
+  else
+    redis.call('XADD', KEYS[2], ARGV[1], '~', ARGV[2], '*', unpack(fields(ARGV[i + 1])))
   end
 end
-return (#ARGV - 2) / 2
+return (#ARGV - 3) / 2
 `)
 
 // delayedMoves is a Subscriber's mover of due delayed messages (see

@@ -459,8 +459,9 @@ func TestRollingRestartsWithFreshNamesLeaveOnlyLiveConsumers(t *testing.T) {
 }
 
 // The least-privilege user of the docs (docs/design.md#permissions) runs a
-// whole life: Subscribe, Publish, Nack, an undecodable entry dead-lettered,
-// a delayed message, a departed consumer removed, Close.
+// whole life: Subscribe, Publish (idempotent, with Retention), Nack, an
+// undecodable entry dead-lettered, a delayed message, a departed consumer
+// removed, Close.
 func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	testserver.Parallel(t)
 	ctx := context.Background()
@@ -473,7 +474,12 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+xinfo|groups", "+exists", "+evalsha", "+eval",
 		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem",
-		"+client|id", "+client|unblock", "+command|docs"}
+		"+client|id", "+client|unblock",
+		// Idempotent publishing and Retention (docs/design.md#permissions).
+		"~{" + topic + "}:idmp:*", "+command|docs", "+info"}
+	if verbsOf(t, e.client).IdempotentAdd {
+		rules = append(rules, "+xgroup|destroy", "+xcfgset") // older servers refuse +xcfgset
+	}
 	require.NoError(t, e.client.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, toAny(rules)...)...).Err())
 	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "app").Err() })
 	require.NoError(t, e.client.Do(ctx, "ACL", "LOG", "RESET").Err())
@@ -496,7 +502,8 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app, IdempotentWindow: time.Minute,
+		Retention: map[string]valkeystream.Retention{topic: {MaxLen: 1000}}}, testLogger())
 	require.NoError(t, err)
 
 	msgs, err := sub.Subscribe(ctx, topic)
@@ -504,6 +511,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: topic, Values: []any{"not", "a message"}}).Err())
 	sent := message.NewMessage(watermill.NewUUID(), []byte("x"))
 	require.NoError(t, pub.Publish(topic, sent))
+	require.NoError(t, pub.Publish(topic, sent), "a copy, stored once")
 	m := receive(t, msgs)
 	require.Equal(t, sent.UUID, m.UUID)
 	m.Ack()
@@ -528,6 +536,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	require.NoError(t, sub.Close())
 	require.NoError(t, pub.Close())
 
+	assert.Zero(t, pub.Stats().FailedCalls, "every Publish must be allowed")
 	stats := sub.Stats()
 	assert.Equal(t, int64(1), stats.InvalidEntries)
 	assert.Zero(t, stats.Faults, "every call must be allowed")

@@ -28,7 +28,9 @@ type Publisher struct {
 	combiners combiners
 	stats     *publisherCounters
 	failover  failover.Hints
-	verbs     *serverinfo.Known // the server's newer verbs, found out on first use
+	verbs     publishVerbs // the server's newer verbs, found out on first use
+
+	idempotency idempotency
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -48,8 +50,9 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 	stats := &publisherCounters{}
 	wait := combine.ReplicaWait{Replicas: config.WaitReplicas, Timeout: config.WaitTimeout}
 	return &Publisher{config: config, logger: logger, stats: stats,
-		combiners: newCombiners(config.Client, wait, stats),
-		verbs:     serverinfo.NewKnown(config.Client, config.BaselineVerbs)}, nil
+		combiners:   newCombiners(config.Client, wait, stats),
+		verbs:       publishVerbs{known: serverinfo.NewKnown(config.Client, config.BaselineVerbs)},
+		idempotency: idempotency{window: config.IdempotentWindow}}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
@@ -69,11 +72,15 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // later is held back until then; a call that carries one is written in one
 // atomic step, all or nothing (see docs/delay.md).
 //
-// An XADD is never sent twice by the client (go-redis' retries are off for
-// it), so one call stores each message once at most. A connection lost
-// after the messages were sent hides whether they were written: those are
-// listed in PublishError.MaybeWritten (errors.Is(err, ErrMaybeWritten));
-// publishing them again may store duplicates, which consumers drop by UUID.
+// Without PublisherConfig.IdempotentWindow, an XADD is never sent twice by
+// the client (go-redis' retries are off for it), so one call stores each
+// message once at most. A connection lost after the messages were sent
+// hides whether they were written: those are listed in
+// PublishError.MaybeWritten (errors.Is(err, ErrMaybeWritten)); publishing
+// them again may store duplicates, which consumers drop by UUID. With
+// IdempotentWindow, the client may send an XADD again, and publishing a
+// message again within the window stores nothing new: publishing the
+// MaybeWritten ones again is safe.
 //
 // With PublisherConfig.WaitReplicas, Publish also waits until that many
 // replicas have the messages; an error wrapping [ErrNotReplicated] means
@@ -97,6 +104,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 		return p.publishDelayed(topic, msgs, plan) // see delay.go
 	}
 	key := p.config.KeyPrefix + topic
+	ctx, cancel := publishContext(msgs)
+	defer cancel()
 	req := combine.NewRequest(len(msgs))
 	args := req.Args
 	retention, trim := p.config.Retention[topic]
@@ -108,22 +117,55 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 			trim = false // no entry is that old
 		}
 	}
+	var verbs serverinfo.Verbs
+	if p.verbsNeeded(trim, retention) {
+		var err error
+		if verbs, err = p.serverVerbs(ctx); err != nil {
+			p.failover.Failed(p.config.Client, err)
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
+	}
+	mode := ""
+	if trim {
+		mode = p.trimMode(topic, retention, verbs)
+	}
+	idempotent := p.config.IdempotentWindow > 0
+	idmp := idempotent && verbs.IdempotentAdd
+	if idmp {
+		if err := p.idempotency.configure(ctx, p.config.Client, key); err != nil {
+			p.failed(err)
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
+	}
 	for i, msg := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, msg)
 		if err != nil {
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs),
 				Err: fmt.Errorf("encoding message %s: %w", msg.UUID, err)}
 		}
-		args[i] = redis.XAddArgs{Stream: key, Values: fields}
+		args[i] = redis.XAddArgs{Stream: key, Values: fields, Mode: mode}
 		if trim {
 			args[i].MaxLen = retention.MaxLen
 			args[i].MinID = minID
 			args[i].Approx = true
 		}
+		switch {
+		case !idempotent || msg.UUID == "":
+		case idmp:
+			args[i].ProducerID, args[i].IdempotentID = idempotentProducer(msg.UUID), msg.UUID
+		default:
+			mark, err := idempotencyMarkKey(key, msg.UUID)
+			if err != nil {
+				return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+			}
+			if req.Marks == nil {
+				req.Marks = make([]string, len(msgs))
+				req.MarkTTL = p.config.IdempotentWindow.Milliseconds()
+			}
+			req.Marks[i] = mark
+		}
 	}
 
-	ctx, cancel := publishContext(msgs)
-	defer cancel()
 	p.combiners.streams.Write(ctx, key, req)
 
 	var failed, maybe []string
@@ -143,12 +185,22 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	}
 	if first != nil {
 		first = notReplicated(first)
-		p.failover.Failed(p.config.Client, first)
+		p.failed(first)
 		return &PublishError{Topic: topic, NotSent: failed, MaybeWritten: maybe, Total: len(msgs), Err: first}
 	}
 	// No per-call log line: a Watermill logger cannot say whether it would
 	// drop a line, so the fields alone would cost an allocation per call.
 	return nil
+}
+
+// failed is told the error of a failed call: after one that a failover
+// causes, the Publisher helps the client find the new master and finds out
+// the server's verbs again.
+func (p *Publisher) failed(err error) {
+	if failover.Symptom(err) {
+		p.forgetServer()
+	}
+	p.failover.Failed(p.config.Client, err)
 }
 
 // Close makes later Publish calls fail with ErrPublisherClosed, after the

@@ -26,6 +26,12 @@ type PublisherStats struct {
 	// been written (see ErrMaybeWritten): neither in Messages nor in
 	// FailedMessages.
 	MaybeWrittenMessages int64
+	// Verbs names the newer stream verbs of the server that the Publisher
+	// found out last (serverinfo's names, such as
+	// "idempotent-add,acked-trim", or "baseline"; see
+	// docs/server-verbs.md). Empty until a Publish needed them: only
+	// IdempotentWindow and Retention do.
+	Verbs string
 }
 
 type publisherCounters struct {
@@ -72,5 +78,6 @@ func (p *Publisher) Stats() PublisherStats {
 		RoundTripMessages: c.roundTripMessages.Load(),
 
 		MaybeWrittenMessages: c.maybeWritten.Load(),
+		Verbs:                p.verbs.last(),
 	}
 }

@@ -16,6 +16,9 @@ var chartColors = map[string]string{
 	sideRaw:          "#8a8a8a",
 	sideGoChannel:    "#c4c4c4",
 	sideMetrics:      "#7fb3de",
+
+	sideIdempotent:       "#2ca25f",
+	sideIdempotentScript: "#99d8c9",
 }
 
 // chartLabels names the sides in the legend.
@@ -25,10 +28,13 @@ var chartLabels = map[string]string{
 	sideRaw:          "go-redis alone",
 	sideGoChannel:    "gochannel (in memory)",
 	sideMetrics:      "valkeystream, metrics scraped",
+
+	sideIdempotent:       "valkeystream, idempotent",
+	sideIdempotentScript: "valkeystream, idempotent by script",
 }
 
 // chartSides is the order of the legend and of the bars within a group.
-var chartSides = []string{sideValkeystream, sideMetrics, sideIncumbent, sideRaw, sideGoChannel}
+var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideIncumbent, sideRaw, sideGoChannel}
 
 // chartSize is the payload size the chart shows: 64 bytes if measured, else
 // the first size.

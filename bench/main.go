@@ -33,7 +33,10 @@ Markdown report with an SVG chart. Scenarios: publish (64 goroutines, one,
 100 per call), consume (router, channel, 1% Nacked), latency (publish to
 handler at fixed rates), consume-large (64 KiB and 1 MiB payloads in a
 child process, with its peak RSS), many-topics (one Subscriber, one
-default client, a handler per topic) and memory (heap over a backlog).
+default client, a handler per topic), memory (heap over a backlog), and
+the cost of metrics and of idempotent publishing (publish-idempotent and
+publish-idempotent-single: plain publishing against IdempotentWindow on the
+server's own path and on the script path, in the same run).
 
 Every scenario at loopback and at two simulated network distances:
 

@@ -73,6 +73,7 @@ func (r report) markdown(chartRef string) string {
 	r.writeLarge(&w)
 	r.writeTopics(&w)
 	r.writeMetricsCost(&w)
+	r.writeIdempotentCost(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)
@@ -121,7 +122,7 @@ type throughputRow struct {
 func (r report) writeThroughput(w *strings.Builder) {
 	var rows []throughputRow
 	for _, scn := range r.scenarios {
-		if scn.nack || scn.kind != kindThroughput || slices.Contains(scn.sides, sideMetrics) {
+		if scn.nack || scn.kind != kindThroughput || slices.Contains(scn.sides, sideMetrics) || scn.isIdempotentScenario() {
 			continue
 		}
 		for _, size := range r.cfg.allSizes() {

@@ -98,6 +98,16 @@ var scenarios = []scenario{
 		kind:  kindTopics,
 	},
 	{
+		id: "publish-idempotent", title: "publish, 64 goroutines, 1 msg/call, idempotent",
+		sides:   []string{sideValkeystream, sideIdempotent, sideIdempotentScript},
+		publish: true, goroutines: 64, perCall: 1,
+	},
+	{
+		id: "publish-idempotent-single", title: "publish, 1 goroutine, 1 msg/call, idempotent",
+		sides:   []string{sideValkeystream, sideIdempotent, sideIdempotentScript},
+		publish: true, goroutines: 1, perCall: 1,
+	},
+	{
 		id: "metrics-publish", title: "publish, 64 goroutines, metrics scraped",
 		sides:   []string{sideValkeystream, sideMetrics},
 		publish: true, goroutines: 64, perCall: 1,
@@ -181,7 +191,7 @@ func selectSides(picked []scenario, list string) ([]scenario, error) {
 	for name := range strings.SplitSeq(list, ",") {
 		name = strings.TrimSpace(name)
 		if _, ok := sides[name]; !ok {
-			return nil, fmt.Errorf("unknown side %q; known: %s, %s, %s, %s", name, sideValkeystream, sideIncumbent, sideRaw, sideGoChannel)
+			return nil, fmt.Errorf("unknown side %q; known: %s, %s, %s, %s, %s, %s, %s", name, sideValkeystream, sideIncumbent, sideRaw, sideGoChannel, sideMetrics, sideIdempotent, sideIdempotentScript)
 		}
 		keep[name] = true
 	}

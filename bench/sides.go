@@ -89,7 +89,9 @@ var sides = withPrefill(map[string]side{
 		rawPrefill: prefillRaw,
 		rawConsume: consumeRaw,
 	},
-	sideMetrics: metricsSide,
+	sideMetrics:          metricsSide,
+	sideIdempotent:       idempotentSide,
+	sideIdempotentScript: idempotentScriptSide,
 })
 
 // withPrefill sets the prefill of every adapter side from its fill and

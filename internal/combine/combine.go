@@ -111,6 +111,16 @@ type Request struct {
 	Args []redis.XAddArgs // the messages, in call order
 	Errs []error          // per message; nil when the server accepted it
 
+	// Marks, when set, makes each message's XADD idempotent by script (see
+	// [MarkScript]): Marks[i], unless empty, is the key, in the stream's
+	// slot, that remembers for MarkTTL milliseconds the id that message i
+	// got. An Args
+	// entry with ProducerID and IdempotentID set is idempotent on the
+	// server (XADD ... IDMP). Idempotent messages may be sent again by the
+	// client after a connection error; the others never are.
+	Marks   []string
+	MarkTTL int64
+
 	ctx context.Context // the call's, from Write
 
 	// one and oneErr hold Args and Errs of a call with one message, the
@@ -247,25 +257,79 @@ func (s *stream) send(batch []*Request) {
 		s.roundTrip(countArgs(batch))
 	}
 	if s.wait.Replicas == 0 && len(batch) == 1 && len(batch[0].Args) == 1 {
-		cmd := xadd(ctx, &batch[0].Args[0])
-		_ = s.client.Process(ctx, once{cmd})
-		batch[0].Errs[0] = cmd.Err()
+		r := batch[0]
+		cmd := command(ctx, r, 0, false)
+		_ = s.client.Process(ctx, cmd)
+		if noScript(cmd) {
+			// EVAL loads the script, with no permission beyond the one
+			// to run it; a refused EVALSHA did not run.
+			cmd = command(ctx, r, 0, true)
+			_ = s.client.Process(ctx, cmd)
+		}
+		r.Errs[0] = cmd.Err()
 		return
 	}
-	pipe, err := s.wait.Pipeline(ctx, s.client, s.key)
+	type message struct {
+		r *Request
+		i int
+	}
+	msgs := make([]message, 0, countArgs(batch))
+	cmds := make([]redis.Cmder, 0, cap(msgs))
+	for _, r := range batch {
+		for i := range r.Args {
+			msgs = append(msgs, message{r, i})
+			cmds = append(cmds, command(ctx, r, i, false))
+		}
+	}
+	notReplicated, err := s.pipeline(ctx, cmds)
 	if err != nil {
 		for _, r := range batch {
 			fillErr(r.Errs, err)
 		}
 		return
 	}
-	cmds := make([]*redis.StringCmd, 0, maxCombined)
-	for _, r := range batch {
-		for i := range r.Args {
-			cmd := xadd(ctx, &r.Args[i])
-			_ = pipe.Process(ctx, once{cmd})
-			cmds = append(cmds, cmd)
+	// Commands refused for want of the script did not run: send those
+	// again with EVAL, which loads it (on a cluster, nodes that had it ran
+	// theirs).
+	var again []int
+	var resend []redis.Cmder
+	for n, c := range cmds {
+		if noScript(c) {
+			again = append(again, n)
+			resend = append(resend, command(ctx, msgs[n].r, msgs[n].i, true))
 		}
+	}
+	if len(resend) > 0 {
+		short, err := s.pipeline(ctx, resend)
+		for k, n := range again {
+			if err != nil {
+				resend[k].SetErr(err)
+			}
+			cmds[n] = resend[k]
+		}
+		if notReplicated == nil {
+			notReplicated = short
+		}
+	}
+	for n, m := range msgs {
+		m.r.Errs[m.i] = cmds[n].Err()
+		if m.r.Errs[m.i] == nil {
+			m.r.Errs[m.i] = notReplicated
+		}
+	}
+}
+
+// pipeline sends cmds in one round trip, followed by WAIT when replicas
+// are to be waited for. It returns the check of the WAIT reply, or the
+// error of a pipeline that could not be made; each command carries its own
+// error.
+func (s *stream) pipeline(ctx context.Context, cmds []redis.Cmder) (notReplicated, err error) {
+	pipe, err := s.wait.Pipeline(ctx, s.client, s.key)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
 	}
 	var wait *redis.IntCmd
 	if s.wait.Replicas > 0 {
@@ -273,16 +337,7 @@ func (s *stream) send(batch []*Request) {
 		_ = pipe.Process(ctx, wait)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	notReplicated := s.wait.check(wait)
-	for _, r := range batch {
-		for i := range r.Errs {
-			r.Errs[i] = cmds[0].Err()
-			if r.Errs[i] == nil {
-				r.Errs[i] = notReplicated
-			}
-			cmds = cmds[1:]
-		}
-	}
+	return s.wait.check(wait), nil
 }
 
 // sharedContext is the context of a round trip shared by batch: the values of
@@ -318,6 +373,27 @@ func fillErr(errs []error, err error) {
 	}
 }
 
+// command returns the command that writes message i of r: its XADD, or,
+// with r.Marks, the call of MarkScript (by EVAL when eval, else by
+// EVALSHA). A command that is not idempotent is wrapped in once.
+func command(ctx context.Context, r *Request, i int, eval bool) redis.Cmder {
+	a := &r.Args[i]
+	if r.Marks == nil || r.Marks[i] == "" {
+		cmd := xadd(ctx, a)
+		if a.ProducerID != "" && a.IdempotentID != "" {
+			return cmd
+		}
+		return once{cmd}
+	}
+	return markedAdd(ctx, a, r.Marks[i], r.MarkTTL, eval)
+}
+
+// noScript reports whether c was refused because the server lacks the
+// script (NOSCRIPT): it did not run.
+func noScript(c redis.Cmder) bool {
+	return redis.HasErrorPrefix(c.Err(), "NOSCRIPT")
+}
+
 // once is a command that the client never sends again after a connection
 // error (go-redis retries a command or pipeline MaxRetries times unless one
 // of its commands says NoRetry): an XADD sent twice stores its message
@@ -327,12 +403,18 @@ type once struct{ *redis.StringCmd }
 func (once) NoRetry() bool { return true }
 
 // xadd is the XADD of a, for the fields a Publisher sets (Stream, Values
-// as alternating fields and values, MaxLen or MinID, Approx), laid out as
-// go-redis' XAdd lays them out.
+// as alternating fields and values, Mode, ProducerID and IdempotentID,
+// MaxLen or MinID, Approx), laid out as go-redis' XAdd lays them out.
 func xadd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd {
 	values, _ := a.Values.([]any)
-	args := make([]any, 0, 8+len(values))
+	args := make([]any, 0, 12+len(values))
 	args = append(args, "xadd", a.Stream)
+	if a.Mode != "" {
+		args = append(args, a.Mode)
+	}
+	if a.ProducerID != "" && a.IdempotentID != "" {
+		args = append(args, "idmp", a.ProducerID, a.IdempotentID)
+	}
 	switch {
 	case a.MaxLen > 0:
 		if a.Approx {

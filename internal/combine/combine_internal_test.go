@@ -364,3 +364,42 @@ func TestCombinerCheckWaitReply(t *testing.T) {
 		})
 	}
 }
+
+// Only idempotent writes may be sent again by the client: a plain XADD
+// sent twice stores its message twice.
+func TestCommandRetriesOnlyIdempotentWrites(t *testing.T) {
+	ctx := context.Background()
+	noRetry := func(c redis.Cmder) bool {
+		n, ok := c.(interface{ NoRetry() bool })
+		return ok && n.NoRetry()
+	}
+	plain := NewRequest(1)
+	plain.Args[0] = redis.XAddArgs{Stream: "s", Values: []any{"f", "v"}}
+	idmp := NewRequest(1)
+	idmp.Args[0] = redis.XAddArgs{Stream: "s", Values: []any{"f", "v"}, Mode: "ACKED", MaxLen: 5, Approx: true,
+		ProducerID: "p", IdempotentID: "u"}
+	marked := NewRequest(2)
+	marked.Args[0] = redis.XAddArgs{Stream: "s", Values: []any{"f", "v"}}
+	marked.Args[1] = redis.XAddArgs{Stream: "s", Values: []any{"f", "v"}}
+	marked.Marks, marked.MarkTTL = []string{"{s}:idmp:u", ""}, 1000
+
+	for _, tc := range []struct {
+		name  string
+		cmd   redis.Cmder
+		once  bool
+		first []any // the command's leading arguments
+	}{
+		{"plain", command(ctx, plain, 0, false), true, []any{"xadd", "s", "*"}},
+		{"idmp", command(ctx, idmp, 0, false), false, []any{"xadd", "s", "ACKED", "idmp", "p", "u", "maxlen", "~", int64(5), "*"}},
+		{"marked", command(ctx, marked, 0, false), false, []any{"evalsha", MarkScript.Hash(), 2, "{s}:idmp:u", "s", int64(1000), "", "", ""}},
+		{"marked by eval", command(ctx, marked, 0, true), false, []any{"eval", markSource, 2, "{s}:idmp:u", "s", int64(1000), "", "", ""}},
+		{"without a mark", command(ctx, marked, 1, false), true, []any{"xadd", "s", "*"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.once, noRetry(tc.cmd), "NoRetry")
+			args := tc.cmd.Args()
+			require.GreaterOrEqual(t, len(args), len(tc.first))
+			assert.Equal(t, tc.first, args[:len(tc.first)])
+		})
+	}
+}

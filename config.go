@@ -283,8 +283,10 @@ type SubscriberConfig struct {
 	BlockTime time.Duration
 
 	// ClaimInterval is the beat on which the subscription reclaims entries
-	// other consumers left idle for ClaimMinIdle. It is at least 1ms, or
-	// NoReclaim (-1) to never reclaim: then entries of a consumer that is
+	// other consumers left idle for ClaimMinIdle (XAUTOCLAIM). On Redis 8.4
+	// and later every read of new entries reclaims too (XREADGROUP ...
+	// CLAIM, see docs/server-verbs.md). It is at least 1ms, or
+	// NoReclaim (-1) to never reclaim, on the beat or in reads: then entries of a consumer that is
 	// gone for good stay pending until a consumer of that name returns.
 	// Only used with ConsumerGroup. Default: DefaultClaimInterval.
 	ClaimInterval time.Duration

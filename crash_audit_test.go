@@ -506,6 +506,11 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
+	if os.Getenv("VALKEYSTREAM_CRASH_BASELINE_VERBS") != "" {
+		// To compare the paths on a server with newer verbs
+		// (docs/server-verbs.md).
+		args = append(args, "-baseline-verbs")
+	}
 	logFile, err := os.Create(w.logPath)
 	require.NoError(t, err)
 	defer logFile.Close()

@@ -262,6 +262,7 @@ var (
 	descCIdle       = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
 
 	descSubscriberVerbs = desc("subscriber_verbs_info", "1, labelled with the stream verbs newer than Redis 6.2's the subscriptions use (docs/server-verbs.md): baseline, or a list such as claim-in-read,ackdel; absent until the first group Subscribe asked the server.", []string{"subscriber", "verbs"})
+	descPublisherVerbs  = desc("publisher_verbs_info", "1, labelled with the stream verbs newer than Redis 6.2's the Publisher uses (docs/server-verbs.md); absent until a Publish needed to ask the server (IdempotentWindow, Retention).", []string{"publisher", "verbs"})
 	descNackWaitSeconds = desc("subscriber_nack_wait_seconds_total", "Time Nacked messages waited (the Nack backoff) before they were delivered again.", labelSubscriber)
 
 	descSamples      = desc("server_samples_total", "Samples of the server taken.", nil)
@@ -278,6 +279,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- descNackWaitSeconds
 	ch <- descSubscriberVerbs
+	ch <- descPublisherVerbs
 	for _, p := range publisherCounters {
 		ch <- p.desc
 	}
@@ -337,6 +339,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		stats := p.Stats()
 		for _, pc := range publisherCounters {
 			ch <- prometheus.MustNewConstMetric(pc.desc, prometheus.CounterValue, float64(pc.get(stats)), name)
+		}
+		if stats.Verbs != "" {
+			ch <- prometheus.MustNewConstMetric(descPublisherVerbs, prometheus.GaugeValue, 1, name, stats.Verbs)
 		}
 	}
 	dead := valkeystream.DeadLetterCounts()

@@ -65,6 +65,7 @@ func main() {
 		dedup         = flag.Bool("dedup", false, "run the handler inside the Deduplicator")
 		runningTTL    = flag.Duration("running-ttl", time.Second, "DedupConfig.RunningTTL (with -dedup)")
 		verbose       = flag.Bool("v", false, "log at debug level")
+		baseline      = flag.Bool("baseline-verbs", false, "SubscriberConfig.BaselineVerbs")
 	)
 	flag.Parse()
 	if *addr == "" || *topic == "" || *group == "" || *consumer == "" || *ledgerPath == "" {
@@ -92,6 +93,7 @@ func main() {
 		ConsumerLeaseTTL: *leaseTTL,
 		PrefetchWindow:   *prefetch,
 		ReadAheadBytes:   *readAhead,
+		BaselineVerbs:    *baseline,
 	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)

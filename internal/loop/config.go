@@ -80,7 +80,7 @@ type Waiter interface {
 type Waited struct {
 	Entries []Entry
 	Full    bool      // more may wait
-	Since   time.Time // for entries read while not waiting: when; zero otherwise
+	Since   time.Time // for entries read while not waiting: when their read was sent; zero otherwise
 }
 
 // Health is told of failed calls and of the first success after them.

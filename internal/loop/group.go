@@ -352,17 +352,25 @@ func (l *Group) readShared(ctx context.Context) error {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
 	l.ahead.more = w.Full
+	es := w.Entries
+	if !w.Since.IsZero() && w.Since.Before(l.plan.drainBegan) {
+		// Read for this loop while it did not wait, by a read sent before
+		// its last drain began: what that read took, claimed entries
+		// included, was pending for this consumer when the drain read its
+		// pending list, so the drain delivered it if the drain went that far.
+		es = l.unseenByDrain(es)
+	}
 	if !w.Since.IsZero() && time.Since(w.Since) >= l.cfg.ClaimMinIdle/2 {
 		// Read long enough ago that a peer may have reclaimed them: check
 		// that they are still this consumer's, with their counts.
-		if es := l.unseen(w.Entries); len(es) == 0 {
+		if es := l.unseen(es); len(es) == 0 {
 			return nil
 		} else if _, err := l.enqueueWithCounts(ctx, es); err != nil {
 			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
 		}
 		return nil
 	}
-	l.enqueueNew(w.Entries)
+	l.enqueueNew(es)
 	return nil
 }
 
@@ -392,12 +400,25 @@ func (l *Group) enqueueNew(es []Entry) int {
 }
 
 // unseen returns es without the entries the drain delivered already (see
-// fetchPlan.seen). An entry the read claimed was idle, so no drain of this
-// loop holds it: it is kept whatever its id.
+// fetchPlan.seen). An entry the read claimed is kept whatever its id: a
+// read is sent after the drain (or, shared, while the loop waits, see
+// readShared), so what it claimed was not in the pending list the drain
+// read.
 func (l *Group) unseen(es []Entry) []Entry {
+	return l.dropSeen(es, func(e Entry) bool { return e.Count <= 1 && l.plan.seen(e.ID) })
+}
+
+// unseenByDrain returns es without the entries the drain delivered
+// already, claimed ones included (see readShared).
+func (l *Group) unseenByDrain(es []Entry) []Entry {
+	return l.dropSeen(es, func(e Entry) bool { return l.plan.seen(e.ID) })
+}
+
+// dropSeen returns es without the entries seen reports, logging each.
+func (l *Group) dropSeen(es []Entry, seen func(Entry) bool) []Entry {
 	var kept []Entry // nil while nothing was dropped
 	for i, e := range es {
-		if e.Count > 1 || !l.plan.seen(e.ID) {
+		if !seen(e) {
 			if kept != nil {
 				kept = append(kept, e)
 			}

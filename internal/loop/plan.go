@@ -37,6 +37,8 @@ type fetchPlan struct {
 	claimFrom   string // cursor of XAUTOCLAIM
 	nextClaim   time.Time
 	every       time.Duration // the claim beat; negative: never claim
+	// drainBegan is when the last drain began (the start, or a fault).
+	drainBegan time.Time
 	// drainedTo is the last id the drain delivered: a read of new entries
 	// that reached the server before the drain brings nothing above it
 	// that the drain did not deliver (see seen).
@@ -46,7 +48,7 @@ type fetchPlan struct {
 // newFetchPlan returns the plan of a loop that starts: drain first, and claim
 // on the first beat (at once) unless every is negative.
 func newFetchPlan(every time.Duration) fetchPlan {
-	return fetchPlan{draining: true, drainFrom: "0", claimFrom: "0-0", every: every}
+	return fetchPlan{draining: true, drainFrom: "0", claimFrom: "0-0", every: every, drainBegan: time.Now()}
 }
 
 // next returns the step to run at now.
@@ -117,7 +119,7 @@ func (p *fetchPlan) claimed(next string, nulls int, now time.Time) {
 // restart makes the loop drain its own pending list again from its start,
 // after a fault.
 func (p *fetchPlan) restart() {
-	p.draining, p.missing, p.drainFrom = true, false, "0"
+	p.draining, p.missing, p.drainFrom, p.drainBegan = true, false, "0", time.Now()
 }
 
 // seen reports whether the entry id, brought by a read of new entries, is

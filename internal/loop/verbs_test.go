@@ -211,3 +211,46 @@ func TestClaimedEntriesOfAReadKeepTheirCounts(t *testing.T) {
 		t.Fatalf("Reclaimed = %d, want 1", r)
 	}
 }
+
+// parkedWaiter hands out one Waited.
+type parkedWaiter struct{ w Waited }
+
+func (p *parkedWaiter) Covers() bool { return true }
+func (p *parkedWaiter) Wait(context.Context, int64, time.Duration) (Waited, error) {
+	w := p.w
+	p.w = Waited{}
+	return w, nil
+}
+func (p *parkedWaiter) Leave() []string { return nil }
+
+// Entries a shared read took while the loop did not wait, by a read sent
+// before the loop's last drain began, were pending for this consumer when
+// the drain read its pending list: those the drain reached are dropped,
+// claimed ones included. Parked by a read sent after the drain began, a
+// claimed entry is kept whatever its id.
+func TestParkedClaimsOfAReadBeforeADrainAreNotDeliveredTwice(t *testing.T) {
+	for _, before := range []bool{true, false} {
+		l := newTestGroup(testConfig(), newFakeServer(0))
+		sent := l.plan.drainBegan.Add(time.Millisecond)
+		if before {
+			sent = l.plan.drainBegan.Add(-time.Millisecond)
+		}
+		l.plan.drained("5-0")
+		l.plan.drained("")
+		l.deps.Shared = &parkedWaiter{w: Waited{Entries: []Entry{{ID: "3-0", Count: 2}, {ID: "4-0"}, {ID: "7-0", Count: 2}, {ID: "8-0"}}, Since: sent}}
+		if err := l.readShared(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range l.held.queue {
+			got = append(got, fmt.Sprintf("%s:%d", e.id, e.count))
+		}
+		want := []string{"7-0:2", "8-0:1"}
+		if !before {
+			want = []string{"3-0:2", "7-0:2", "8-0:1"}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("read sent before the drain %v: queued %v, want %v", before, got, want)
+		}
+	}
+}

@@ -56,7 +56,6 @@ package sharedread
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +145,7 @@ type readState struct {
 	seq         uint64        // of the read in flight, or of the last one
 	count       int64         // COUNT of the read in flight
 	claim       time.Duration // CLAIM of the read in flight, 0 for none
+	sentAt      time.Time     // when the read in flight was sent
 	interrupted bool          // an interrupt was asked for the read in flight
 	interruptOf uint64        // seq of the read the last interrupt is for
 }
@@ -179,7 +179,7 @@ type Member struct {
 	got      chan sharedReadResult // of the wait in progress; nil when not waiting
 	covered  bool                  // read while not waiting (see the package doc)
 	parked   []loop.Entry          // read while not waiting, for the next wait
-	parkedAt time.Time             // when the first of parked was read
+	parkedAt time.Time             // when the read that brought the first of parked was sent
 	failed   error                 // of a read while not waiting, for the next wait
 }
 
@@ -468,7 +468,7 @@ func (r *reader) readLoop() {
 			r.mu.Unlock()
 			return
 		}
-		r.st.reading, r.st.interrupted = true, false
+		r.st.reading, r.st.interrupted, r.st.sentAt = true, false, time.Now()
 		r.mu.Unlock()
 
 		// Never cancelled: it ends within BlockTime, or at once by an
@@ -553,7 +553,9 @@ func (r *reader) nextReadLocked() bool {
 	// waits: a subscription that does not wait may be draining its own
 	// pending list, which would deliver an entry of its own this read
 	// claimed a second time. What a claim brings for one that stopped
-	// waiting meanwhile is handed back, never parked (see handOut).
+	// waiting meanwhile is parked, with the time the read was sent: a
+	// subscription that began a drain after it drops what the drain
+	// delivered (loop.Group.readShared).
 	r.st.claim = 0
 	if waiting {
 		r.st.claim = r.reg.claim()
@@ -569,7 +571,6 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 		err = nil
 	}
 	var back map[string][]string
-	now := time.Now()
 	r.mu.Lock()
 	r.st.reading = false
 	if err != nil {
@@ -606,18 +607,8 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 			m.got = nil
 			continue
 		}
-		if claimed := claimedIDs(entries); len(claimed) > 0 {
-			if back == nil {
-				back = map[string][]string{}
-			}
-			back[s.Stream] = append(back[s.Stream], claimed...)
-			entries = slices.DeleteFunc(entries, func(e loop.Entry) bool { return e.Count > 1 })
-			if len(entries) == 0 {
-				continue
-			}
-		}
 		if len(m.parked) == 0 {
-			m.parkedAt = now
+			m.parkedAt = r.st.sentAt
 		}
 		m.parked = append(m.parked, entries...)
 	}
@@ -627,22 +618,8 @@ func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
 	}
 }
 
-// claimedIDs returns the ids of the entries a read claimed (see
-// loop.Entry.Count).
-func claimedIDs(es []loop.Entry) []string {
-	var ids []string
-	for _, e := range es {
-		if e.Count > 1 {
-			ids = append(ids, e.ID)
-		}
-	}
-	return ids
-}
-
 // handBack hands back entries that a read brought for subscriptions that
-// had ended, and entries a read claimed for subscriptions that stopped
-// waiting, so that a peer (or the subscription) takes them at its next
-// claim.
+// had ended, so that a peer takes them at its next claim beat.
 func (r *reader) handBack(back map[string][]string) {
 	ctx, cancel := context.WithTimeout(context.Background(), loop.ExitTimeout)
 	defer cancel()

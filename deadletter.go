@@ -38,6 +38,14 @@ const (
 	MetadataOriginalDeliveryCount = "valkeystream_original_delivery_count"
 )
 
+// MetadataReplayGroup, on a message in a stream, names the one consumer
+// group it is for: subscriptions of other groups acknowledge it without
+// delivering it (counted in Stats.NotForThisGroup). `valkeystream dead
+// replay` sets it to the group that gave up on the dead letter, unless told
+// to replay to every group. Empty or absent: every group. Fan-out
+// subscriptions deliver it as any message.
+const MetadataReplayGroup = "valkeystream_replay_group"
+
 // DeadLetterConfig configures the [DeadLetter] middleware. DeadLetter takes a
 // copy, so later changes by the caller have no effect.
 type DeadLetterConfig struct {
@@ -177,6 +185,7 @@ func (d deadLetter) giveUp(ctx context.Context, msg *message.Message, cause erro
 		return errors.Join(cause, err)
 	}
 	deadLetterCounts.published.Add(1)
+	markGivenUp(msg) // a Deduplicator around it must not mark it done (givenup.go)
 	return nil
 }
 
@@ -252,6 +261,7 @@ func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
 			o := deliveryOrigin(ctx, msg)
 			o.stamp(msg.Metadata, err.Error())
 			deadLetterCounts.marked.Add(1)
+			markGivenUp(msg) // the poison queue publishes it: not done (givenup.go)
 			return produced, fmt.Errorf("%w (delivery %s of message %s, limit %d): %w",
 				ErrDeliveryLimit, o.deliveryCount, msg.UUID, maxDeliveries, err)
 		}

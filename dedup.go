@@ -139,6 +139,11 @@ type DedupStats struct {
 	// stalled renewal): another delivery may have run meanwhile. They are
 	// marked done all the same.
 	LostMarks int64
+	// GivenUp counts handlings that a [DeadLetter] or [DeliveryLimit]
+	// inside the Deduplicator gave up on: the message was Acked as a dead
+	// letter, and its mark removed (counted in Released too) rather than
+	// marked done, so that a replay of the dead letter is handled.
+	GivenUp int64
 	// Faults counts failed calls to the server. A failure before the
 	// handler fails the delivery (it is Nacked); one after it is logged and
 	// leaves the handler's result as it was.
@@ -155,7 +160,7 @@ type Deduplicator struct {
 	prefix string       // dedupRunning and a random name of this Deduplicator
 	next   atomic.Int64 // numbers its handlings
 	stats  struct {
-		handled, marked, skipped, busy, released, lostMarks, faults atomic.Int64
+		handled, marked, skipped, busy, released, lostMarks, faults, givenUp atomic.Int64
 	}
 }
 
@@ -188,6 +193,7 @@ func (d *Deduplicator) Stats() DedupStats {
 		Busy:      s.busy.Load(),
 		Released:  s.released.Load(),
 		LostMarks: s.lostMarks.Load(),
+		GivenUp:   s.givenUp.Load(),
 		Faults:    s.faults.Load(),
 	}
 }
@@ -218,9 +224,12 @@ func (d *Deduplicator) Stats() DedupStats {
 // redelivery repeats the side effects (after RunningTTL). A failed call to
 // mark success is logged and counted; the message is still Acked.
 //
-// Add it outside (before) DeadLetter or PoisonQueue, middleware.Retry and
-// middleware.Recoverer, so that a busy delivery is not counted as a failure
-// and a message given up on is marked done:
+// Add it outside (before) DeadLetter (or DeliveryLimit with Watermill's
+// PoisonQueue), middleware.Retry and middleware.Recoverer, so that a busy
+// delivery is not counted as a failure. A message they give up on is
+// Acked and its mark removed, not marked done: a replay of its dead letter
+// is handled (Watermill's own PoisonQueue without DeliveryLimit cannot say
+// it gave up, and its messages are marked done):
 //
 //	router.AddMiddleware(dedup.Middleware, deadLetter, retry.Middleware, middleware.Recoverer)
 //
@@ -249,7 +258,18 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		d.stats.handled.Add(1)
 		stop := d.renew(key, token)
+		flagged, givenUp := withGivenUpFlag(ctx)
+		msg.SetContext(flagged)
 		produced, herr := h(msg)
+		msg.SetContext(ctx)
+		if herr == nil && givenUp.Load() {
+			// Dead-lettered, not handled: no done mark, so that a replay of
+			// the dead letter is handled (givenup.go).
+			stop()
+			d.stats.givenUp.Add(1)
+			d.release(ctx, msg, key, token)
+			return produced, nil
+		}
 		if herr == nil && len(produced) > 0 && ctx.Done() != nil {
 			// The router publishes the produced messages after this returns
 			// and Nacks msg if that fails: a done mark now would make the

@@ -1,6 +1,18 @@
 package valkeystream
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/echomq/valkeystream/internal/loop"
+)
+
+// subscriberCounters are a Subscriber's counters: its loops', and the
+// Subscriber's own.
+type subscriberCounters struct {
+	loop.Counters
+	notForThisGroup atomic.Int64
+}
 
 // Stats are counters of a Subscriber since it was created, summed over its
 // subscriptions. This is where what each counts is stated; the other
@@ -57,6 +69,11 @@ type Stats struct {
 	// delivered again after a Nack. At most one per subscription.
 	InFlight int64
 
+	// NotForThisGroup counts entries acknowledged without delivery because
+	// they are meant for another consumer group only: dead letters replayed
+	// to the group that gave up on them (MetadataReplayGroup).
+	NotForThisGroup int64
+
 	// Verbs names the stream verbs newer than Redis 6.2's that the
 	// subscriptions use (docs/server-verbs.md): "baseline" for none, else
 	// a comma-separated list such as "claim-in-read,ackdel". Empty until
@@ -80,6 +97,7 @@ func (s *Subscriber) Stats() Stats {
 		Faults:          c.Faults.Load(),
 		ReadAhead:       c.ReadAhead.Load(),
 		InFlight:        c.InFlight.Load(),
+		NotForThisGroup: c.notForThisGroup.Load(),
 		Verbs:           s.verbs.Path(),
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/echomq/valkeystream/internal/failover"
-	"github.com/echomq/valkeystream/internal/loop"
 	"github.com/echomq/valkeystream/internal/serverinfo"
 	"github.com/echomq/valkeystream/internal/sharedread"
 )
@@ -30,7 +29,7 @@ type Subscriber struct {
 	life    lifecycle
 	wg      sync.WaitGroup // one per goroutine Close waits for
 
-	stats    loop.Counters
+	stats    subscriberCounters
 	observe  deliveryHook // see SetDeliveryObserver
 	health   healthRegistry
 	failover failover.Hints    // helps the client through a failover

@@ -57,14 +57,22 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			Verbs:        s.serverVerbs,
 			Forget:       s.verbs.Forget,
 		}),
-		Counters: &s.stats,
+		Counters: &s.stats.Counters,
 		Logger:   logger,
 		Health:   health,
 		Decode: func(e loop.Entry) (*message.Message, error) {
 			o := from
 			o.entryID = e.ID
-			return decodeEntry(s.config.Unmarshaler, e.Fields, o)
+			msg, err := decodeEntry(s.config.Unmarshaler, e.Fields, o)
+			if err != nil {
+				return nil, err
+			}
+			if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != cfg.Group {
+				return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
+			}
+			return msg, nil
 		},
+		NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },
 		DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
 			return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
 		},
@@ -92,7 +100,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 // starts after the entry start.
 func (s *Subscriber) newFanOut(key, start string, health *subscriptionHealth, logger watermill.LoggerAdapter, out chan *message.Message) *loop.FanOut {
 	deps := loop.Deps{
-		Counters: &s.stats,
+		Counters: &s.stats.Counters,
 		Logger:   logger,
 		Health:   health,
 		Decode: func(e loop.Entry) (*message.Message, error) {

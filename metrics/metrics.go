@@ -214,6 +214,7 @@ var subscriberCounters = []struct {
 	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM, or inside reads with XREADGROUP ... CLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
 	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
+	{desc("subscriber_not_for_this_group_total", "Entries acknowledged without delivery because they are meant for another consumer group only (replayed dead letters).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NotForThisGroup }},
 	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, hold beats, lease renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
 }
 

@@ -2,6 +2,7 @@ package loop
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,9 @@ type Deps struct {
 	DeadLetter DeadLetterFunc
 	// Delivered is told of each hand-over to a handler.
 	Delivered func(id string)
+	// NotForThisGroup, unless nil, is told of each entry acknowledged
+	// without delivery because it is meant for another group.
+	NotForThisGroup func()
 	// Reopen runs the group door again, after NOGROUP.
 	Reopen func(ctx context.Context) error
 	// Prune removes departed consumers; the loop calls it when a claim has
@@ -53,8 +57,15 @@ type Deps struct {
 	Release func()
 }
 
-// DecodeFunc turns an entry into the message handed to the handler.
+// DecodeFunc turns an entry into the message handed to the handler. An
+// error wrapping ErrNotForThisGroup acknowledges the entry without
+// delivering it (see Deps.NotForThisGroup).
 type DecodeFunc func(e Entry) (*message.Message, error)
+
+// ErrNotForThisGroup is wrapped by a DecodeFunc's error for an entry meant
+// for another consumer group only (a replayed dead letter): it is
+// acknowledged without delivery.
+var ErrNotForThisGroup = errors.New("the entry is meant for another consumer group")
 
 // DeadLetterFunc deals with an entry that cannot be decoded, delivered count
 // times (it copies it to the dead-letter stream, or logs it), and logs what

@@ -2,6 +2,7 @@ package loop
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -21,6 +22,13 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 	defer func() { l.held.inFlight = "" }()
 	for {
 		msg, err := l.decode(&e)
+		if errors.Is(err, ErrNotForThisGroup) {
+			l.acks.add(e.id)
+			if l.deps.NotForThisGroup != nil {
+				l.deps.NotForThisGroup()
+			}
+			return true
+		}
 		if err != nil {
 			l.deadLetter(ctx, e, err)
 			return true

@@ -56,7 +56,57 @@ func (v Verbs) String() string {
 // lack the permission) has the baseline: refused then names the refused
 // command, and err is nil. err is a failed call (a connection error, say):
 // nothing was found out.
+//
+// On a cluster (or a ring) every master (shard) is asked, and a verb counts
+// only if each has it: during a rolling upgrade a topic's slot may live on
+// a node that has not been upgraded yet.
 func Probe(ctx context.Context, client redis.UniversalClient) (v Verbs, refused string, err error) {
+	var nodes func(context.Context, func(context.Context, *redis.Client) error) error
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		nodes = c.ForEachMaster
+	case *redis.Ring:
+		nodes = c.ForEachShard
+	default:
+		return probeOne(ctx, client)
+	}
+	var mu sync.Mutex
+	first := true
+	err = nodes(ctx, func(ctx context.Context, node *redis.Client) error {
+		nv, nrefused, nerr := probeOne(ctx, node)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case nerr != nil:
+			return nerr
+		case first:
+			v, first = nv, false
+		default:
+			v = v.and(nv)
+		}
+		if nrefused != "" {
+			refused = nrefused
+		}
+		return nil
+	})
+	if err != nil {
+		return Verbs{}, "", err
+	}
+	return v, refused, nil
+}
+
+// and returns the verbs both v and w have.
+func (v Verbs) and(w Verbs) Verbs {
+	return Verbs{
+		ClaimInRead:   v.ClaimInRead && w.ClaimInRead,
+		IdempotentAdd: v.IdempotentAdd && w.IdempotentAdd,
+		AckedTrim:     v.AckedTrim && w.AckedTrim,
+		AckDel:        v.AckDel && w.AckDel,
+	}
+}
+
+// probeOne is Probe of one node.
+func probeOne(ctx context.Context, client redis.UniversalClient) (Verbs, string, error) {
 	docs := DocsCommand(ctx)
 	_ = client.Process(ctx, docs)
 	return fromDocs(ctx, client, docs)
@@ -214,11 +264,16 @@ func (k *Known) Verbs(ctx context.Context) (v Verbs, changed bool, refused strin
 	return k.learn(ctx, nil)
 }
 
-// NeedsProbe reports whether the next Verbs would ask the server: a caller
-// that sends a pipeline anyway may add DocsCommand to it and hand it to
-// Learn.
+// NeedsProbe reports whether the next Verbs would ask the server, and one
+// node answers for all: a caller that sends a pipeline anyway may add
+// DocsCommand to it and hand it to Learn. A cluster or a ring is asked
+// node by node (see Probe), by Verbs or by Learn with a nil docs.
 func (k *Known) NeedsProbe() bool {
 	if k == nil || k.baseline {
+		return false
+	}
+	switch k.client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
 		return false
 	}
 	k.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,5 +113,43 @@ func TestAckedTrimWorks(t *testing.T) {
 		if got := ackedTrimWorks("# Server\r\nredis_version:" + version + "\r\n"); got != want {
 			t.Errorf("ackedTrimWorks(%s) = %v, want %v", version, got, want)
 		}
+	}
+}
+
+// On a cluster every master is asked: the answer is what they all have,
+// the same as one node of the same server gives.
+func TestProbeOfAClusterAsksEveryMaster(t *testing.T) {
+	testserver.Parallel(t)
+	c := testserver.StartCluster(t)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, _, err := Probe(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := c.Node(c.Addrs()[0])
+	if want := wantVerbs(node.Name(), node.Version()); got != want {
+		t.Errorf("cluster Probe = %+v, want %+v", got, want)
+	}
+	var asked atomic.Int32
+	err = client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		stats, err := m.Info(ctx, "commandstats").Result()
+		if err == nil && strings.Contains(stats, "cmdstat_command|docs:calls=") {
+			asked.Add(1)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Redis 6.2 has no COMMAND DOCS, and counts any COMMAND call as one.
+	noDocs := node.Name() == "redis" && strings.HasPrefix(node.Version(), "6.")
+	if asked := asked.Load(); asked != 3 && !noDocs {
+		t.Errorf("COMMAND DOCS reached %d masters, want every one (3)", asked)
+	}
+	if NewKnown(client, false).NeedsProbe() {
+		t.Error("NeedsProbe of a cluster client: want false (one node cannot answer for all)")
 	}
 }

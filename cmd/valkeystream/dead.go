@@ -16,7 +16,7 @@ import (
 
 var deadListCommand = &command{
 	name:    "dead list",
-	args:    "<dead-letter-stream>",
+	args:    "<topic-or-dead-letter-stream>",
 	summary: "list dead letters with why they failed and where they came from",
 	help: `Lists the dead letters in <dead-letter-stream> (by default a topic's stream
 plus ".dead", e.g. orders.dead), oldest first: the dead letter's entry id,
@@ -27,11 +27,17 @@ Without --json the error is cut to fit; --json shows all of it.`,
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		f := addDeadFilter(fs)
 		return func(ctx context.Context, e *env, args []string) error {
-			letters, err := readDead(ctx, e, args[0], *f)
+			dead, err := e.deadStream(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			return printDead(e, args[0], letters, *f)
+			e.noteDead(args[0], dead)
+			f.resolve(e)
+			letters, err := readDead(ctx, e, dead.Key, *f)
+			if err != nil {
+				return err
+			}
+			return printDead(e, dead.Key, letters, *f)
 		}
 	},
 }
@@ -49,12 +55,19 @@ type deadFilter struct {
 func addDeadFilter(fs *flagSet) *deadFilter {
 	f := &deadFilter{}
 	fs.Var(&f.ids, "id", "only the dead letter with this entry `id` (repeat the flag, or separate ids with commas)")
-	fs.StringVar(&f.originStream, "origin-stream", "", "only dead letters that came from this `stream`")
+	fs.StringVar(&f.originStream, "origin-stream", "", "only dead letters that came from this `topic or stream`")
 	fs.StringVar(&f.group, "group", "", "only dead letters given up by this consumer `group`")
 	fs.StringVar(&f.consumer, "consumer", "", "only dead letters whose last failed delivery was to this `consumer`")
 	fs.StringVar(&f.errorContains, "error-contains", "", "only dead letters whose error contains this `text`")
 	fs.IntVar(&f.limit, "limit", 1000, "consider at most this many dead letters, oldest first")
 	return f
+}
+
+// resolve makes the filters that name a stream name its key.
+func (f *deadFilter) resolve(e *env) {
+	if f.originStream != "" {
+		f.originStream = e.stream(f.originStream).Key
+	}
 }
 
 func (f deadFilter) narrows() bool {
@@ -238,7 +251,7 @@ func printDead(e *env, stream string, letters []deadLetter, f deadFilter) error 
 
 var deadReplayCommand = &command{
 	name:    "dead replay",
-	args:    "<dead-letter-stream>",
+	args:    "<topic-or-dead-letter-stream>",
 	summary: "publish dead letters back to the stream they came from, once each",
 	help: `Appends dead letters of <dead-letter-stream> back to the stream each came from
 (its valkeystream_original_stream), as the message it was: same UUID, payload
@@ -270,7 +283,13 @@ would happen and changes nothing.`,
 			case !*all && !f.narrows():
 				return usagef("say which dead letters to replay: --all, --id, or a filter (--origin-stream, --group, --consumer, --error-contains)")
 			}
-			return replayDead(ctx, e, args[0], *f, *dry, *yes)
+			dead, err := e.deadStream(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			e.noteDead(args[0], dead)
+			f.resolve(e)
+			return replayDead(ctx, e, dead.Key, *f, *dry, *yes)
 		}
 	},
 }

@@ -51,6 +51,11 @@ var commands = []*command{
 	deadListCommand,
 	deadReplayCommand,
 	pruneCommand,
+	delayedListCommand,
+	delayedShowCommand,
+	delayedCancelCommand,
+	dedupShowCommand,
+	dedupClearCommand,
 }
 
 func main() {

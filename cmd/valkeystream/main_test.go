@@ -48,10 +48,17 @@ type result struct {
 // cli runs the built command against addr with stdin as its input.
 func cli(t *testing.T, addr, stdin string, args ...string) result {
 	t.Helper()
+	return cliEnv(t, addr, nil, stdin, args...)
+}
+
+// cliEnv is cli with the environment variables env ("NAME=value") added.
+func cliEnv(t *testing.T, addr string, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr, "VALKEYSTREAM_URL=")
+	cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr, "VALKEYSTREAM_URL=", "VALKEYSTREAM_KEY_PREFIX=")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut

@@ -14,15 +14,25 @@ import (
 	"github.com/echomq/valkeystream"
 )
 
+// deadNaming explains, in the help of the dead-letter commands, how they
+// find the dead-letter stream.
+const deadNaming = `Name the topic the dead letters came from (orders), the dead-letter topic
+(orders.dead) or its stream key; with --prefix, topics get the prefix. A
+name whose stream key ends in ".dead" is the dead-letter stream; any other
+is the topic they came from when its stream plus ".dead" exists, and else
+a dead-letter stream of another name (DeadLetterConfig.Topic), which must
+hold dead letters.`
+
 var deadListCommand = &command{
 	name:    "dead list",
 	args:    "<topic-or-dead-letter-stream>",
 	summary: "list dead letters with why they failed and where they came from",
-	help: `Lists the dead letters in <dead-letter-stream> (by default a topic's stream
-plus ".dead", e.g. orders.dead), oldest first: the dead letter's entry id,
+	help: `Lists the dead letters of a topic, oldest first: the dead letter's entry id,
 the message UUID, the stream and entry it came from, the group and consumer
 whose delivery failed last, its delivery count then, and the error.
-Without --json the error is cut to fit; --json shows all of it.`,
+Without --json the error is cut to fit; --json shows all of it.
+
+` + deadNaming,
 	nargs: [2]int{1, 1},
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		f := addDeadFilter(fs)
@@ -266,6 +276,8 @@ id in a hash in the same slot as the target stream
 kept for 7 days after the last replay into that stream. Only then is the
 dead letter deleted, so a crash between the steps leaves it to be found
 already replayed next time, never appended twice and never lost.
+
+` + deadNaming + `
 
 Dead letters without an origin stream (not written by valkeystream) are
 skipped and listed. Asks for confirmation unless --yes; --dry-run shows what

@@ -160,6 +160,10 @@ func TestUsageAndExitCodes(t *testing.T) {
 		{"unknown flag", []string{"streams", "--colour"}, 2, "flag provided but not defined: -colour"},
 		{"replay says which", []string{"dead", "replay", "orders.dead"}, 2, "--all, --id, or a filter"},
 		{"prune needs idle", []string{"prune", "s", "g"}, 2, "--idle is required"},
+		{"help lists the delayed and dedup commands", []string{"help"}, 0, "delayed cancel"},
+		{"help explains the prefix", []string{"help"}, 0, "VALKEYSTREAM_KEY_PREFIX"},
+		{"dedup clear help", []string{"dedup", "clear", "--help"}, 0, "-in-progress"},
+		{"delayed cancel says which", []string{"delayed", "cancel", "orders"}, 2, "their UUIDs, or --all"},
 		{"address and URL", []string{"streams", "--addr", "127.0.0.1:1", "--url", "redis://127.0.0.1:1"}, 2, "give one"},
 		{"unreachable server", []string{"streams", "--addr", "127.0.0.1:1", "--timeout", "2s"}, 1, "cannot reach the server at 127.0.0.1:1"},
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/dedupmark"
 )
 
 // Defaults of [DedupConfig] and [ExpiringKeyRepositoryConfig].
@@ -35,11 +37,11 @@ const (
 // its message looks at the mark again.
 const dedupBusyPoll = 50 * time.Millisecond
 
-// Mark values. An in-progress mark is dedupRunning plus a token unique to
-// one handling.
+// Mark values (see internal/dedupmark). An in-progress mark is dedupRunning
+// plus a token unique to one handling.
 const (
-	dedupDone    = "done"
-	dedupRunning = "running:"
+	dedupDone    = dedupmark.Done
+	dedupRunning = dedupmark.Running
 )
 
 // DedupConfig configures a [Deduplicator]. [NewDeduplicator] takes a copy, so
@@ -301,7 +303,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // written even when ctx has ended: the handler's outcome is known and must
 // not be forgotten.
 func (d *Deduplicator) release(ctx context.Context, msg *message.Message, key, token string) {
-	released, err := compareAndDeleteScript.Run(context.WithoutCancel(ctx), d.config.Client, []string{key}, token).Int()
+	released, err := dedupmark.CompareAndDelete.Run(context.WithoutCancel(ctx), d.config.Client, []string{key}, token).Int()
 	switch {
 	case err != nil:
 		d.stats.faults.Add(1)
@@ -337,9 +339,9 @@ func (d *Deduplicator) key(msg *message.Message) (string, error) {
 			return "", fmt.Errorf("valkeystream: deduplicating message %s: it was not delivered through a consumer group, so its handlers cannot share marks: set DedupConfig.Namespace (one per fan-out subscription)",
 				msg.UUID)
 		}
-		ns = msg.Metadata.Get(MetadataStream) + ":" + group
+		ns = dedupmark.GroupNamespace(msg.Metadata.Get(MetadataStream), group)
 	}
-	return d.config.KeyPrefix + ns + ":" + msg.UUID, nil
+	return dedupmark.Key(d.config.KeyPrefix, ns, msg.UUID), nil
 }
 
 // begin sets the in-progress mark token on key and returns "", or returns
@@ -424,15 +426,6 @@ local held = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], 'done', 'PX', ARGV[2])
 if held == ARGV[1] then
   return 1
-end
-return 0
-`)
-
-// compareAndDeleteScript deletes KEYS[1] if it holds ARGV[1], and returns
-// how many keys it deleted.
-var compareAndDeleteScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
 end
 return 0
 `)

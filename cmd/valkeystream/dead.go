@@ -14,24 +14,40 @@ import (
 	"github.com/echomq/valkeystream"
 )
 
+// deadNaming explains, in the help of the dead-letter commands, how they
+// find the dead-letter stream.
+const deadNaming = `Name the topic the dead letters came from (orders), the dead-letter topic
+(orders.dead) or its stream key; with --prefix, topics get the prefix. A
+name whose stream key ends in ".dead" is the dead-letter stream; any other
+is the topic they came from when its stream plus ".dead" exists, and else
+a dead-letter stream of another name (DeadLetterConfig.Topic), which must
+hold dead letters.`
+
 var deadListCommand = &command{
 	name:    "dead list",
-	args:    "<dead-letter-stream>",
+	args:    "<topic-or-dead-letter-stream>",
 	summary: "list dead letters with why they failed and where they came from",
-	help: `Lists the dead letters in <dead-letter-stream> (by default a topic's stream
-plus ".dead", e.g. orders.dead), oldest first: the dead letter's entry id,
+	help: `Lists the dead letters of a topic, oldest first: the dead letter's entry id,
 the message UUID, the stream and entry it came from, the group and consumer
 whose delivery failed last, its delivery count then, and the error.
-Without --json the error is cut to fit; --json shows all of it.`,
+Without --json the error is cut to fit; --json shows all of it.
+
+` + deadNaming,
 	nargs: [2]int{1, 1},
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		f := addDeadFilter(fs)
 		return func(ctx context.Context, e *env, args []string) error {
-			letters, err := readDead(ctx, e, args[0], *f)
+			dead, err := e.deadStream(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			return printDead(e, args[0], letters, *f)
+			e.noteDead(args[0], dead)
+			f.resolve(e)
+			letters, err := readDead(ctx, e, dead.Key, *f)
+			if err != nil {
+				return err
+			}
+			return printDead(e, dead.Key, letters, *f)
 		}
 	},
 }
@@ -49,12 +65,19 @@ type deadFilter struct {
 func addDeadFilter(fs *flagSet) *deadFilter {
 	f := &deadFilter{}
 	fs.Var(&f.ids, "id", "only the dead letter with this entry `id` (repeat the flag, or separate ids with commas)")
-	fs.StringVar(&f.originStream, "origin-stream", "", "only dead letters that came from this `stream`")
+	fs.StringVar(&f.originStream, "origin-stream", "", "only dead letters that came from this `topic or stream`")
 	fs.StringVar(&f.group, "group", "", "only dead letters given up by this consumer `group`")
 	fs.StringVar(&f.consumer, "consumer", "", "only dead letters whose last failed delivery was to this `consumer`")
 	fs.StringVar(&f.errorContains, "error-contains", "", "only dead letters whose error contains this `text`")
 	fs.IntVar(&f.limit, "limit", 1000, "consider at most this many dead letters, oldest first")
 	return f
+}
+
+// resolve makes the filters that name a stream name its key.
+func (f *deadFilter) resolve(e *env) {
+	if f.originStream != "" {
+		f.originStream = e.stream(f.originStream).Key
+	}
 }
 
 func (f deadFilter) narrows() bool {
@@ -238,7 +261,7 @@ func printDead(e *env, stream string, letters []deadLetter, f deadFilter) error 
 
 var deadReplayCommand = &command{
 	name:    "dead replay",
-	args:    "<dead-letter-stream>",
+	args:    "<topic-or-dead-letter-stream>",
 	summary: "publish dead letters back to the stream they came from, once each",
 	help: `Appends dead letters of <dead-letter-stream> back to the stream each came from
 (its valkeystream_original_stream), as the message it was: same UUID, payload
@@ -253,6 +276,8 @@ id in a hash in the same slot as the target stream
 kept for 7 days after the last replay into that stream. Only then is the
 dead letter deleted, so a crash between the steps leaves it to be found
 already replayed next time, never appended twice and never lost.
+
+` + deadNaming + `
 
 Dead letters without an origin stream (not written by valkeystream) are
 skipped and listed. Asks for confirmation unless --yes; --dry-run shows what
@@ -270,7 +295,13 @@ would happen and changes nothing.`,
 			case !*all && !f.narrows():
 				return usagef("say which dead letters to replay: --all, --id, or a filter (--origin-stream, --group, --consumer, --error-contains)")
 			}
-			return replayDead(ctx, e, args[0], *f, *dry, *yes)
+			dead, err := e.deadStream(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			e.noteDead(args[0], dead)
+			f.resolve(e)
+			return replayDead(ctx, e, dead.Key, *f, *dry, *yes)
 		}
 	},
 }

@@ -14,7 +14,7 @@ import (
 
 var entryCommand = &command{
 	name:    "entry",
-	args:    "<stream> <id>",
+	args:    "<topic-or-stream> <id>",
 	summary: "show one entry decoded: UUID, metadata, payload",
 	help: `Shows the entry <id> of <stream> decoded as valkeystream's DefaultMarshaler
 wrote it: the message UUID, its metadata and the start of its payload
@@ -26,13 +26,14 @@ been idle and its delivery count.`,
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		n := fs.Int("payload-bytes", 512, "show at most this many bytes of the payload (-1: all)")
 		return func(ctx context.Context, e *env, args []string) error {
-			return showEntry(ctx, e, args[0], args[1], *n)
+			return showEntry(ctx, e, e.stream(args[0]).Key, args[1], *n)
 		}
 	},
 }
 
 type entryView struct {
 	Stream       string            `json:"stream"`
+	Topic        string            `json:"topic"`
 	ID           string            `json:"id"`
 	Time         string            `json:"time"`
 	UUID         string            `json:"uuid,omitempty"`
@@ -61,9 +62,9 @@ func showEntry(ctx context.Context, e *env, stream, id string, n int) error {
 		return e.serverErr(fmt.Sprintf("reading entry %s of stream %q", id, stream), err)
 	}
 	if len(msgs) == 0 {
-		return fmt.Errorf("stream %q has no entry %s: it was never there, or was trimmed or deleted", stream, id)
+		return fmt.Errorf("stream %s has no entry %s: it was never there, or was trimmed or deleted%s", e.named(stream), id, e.prefixHint())
 	}
-	v := entryView{Stream: stream, ID: msgs[0].ID, Time: timeText(idTime(msgs[0].ID))}
+	v := entryView{Stream: stream, Topic: e.topicOf(stream), ID: msgs[0].ID, Time: timeText(idTime(msgs[0].ID))}
 	msg, err := valkeystream.DefaultMarshaler{}.Unmarshal(msgs[0].Values)
 	if err != nil {
 		v.DecodeError = err.Error()
@@ -86,6 +87,9 @@ func showEntry(ctx context.Context, e *env, stream, id string, n int) error {
 	}
 	t := e.table("FIELD", "VALUE")
 	t.row("stream", stream)
+	if v.Topic != stream {
+		t.row("topic", v.Topic)
+	}
 	t.row("id", v.ID)
 	t.row("time", v.Time)
 	for _, p := range v.PendingIn {

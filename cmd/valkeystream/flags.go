@@ -23,6 +23,7 @@ type flagSet struct {
 	getenv func(string) string
 
 	addr, url, user, password string
+	prefix                    string
 	db                        int
 	timeout                   time.Duration
 	json                      bool
@@ -39,6 +40,7 @@ func newFlagSet(c *command, stderr io.Writer, getenv func(string) string) *flagS
 	fs.IntVar(&fs.db, "db", 0, "database number")
 	fs.DurationVar(&fs.timeout, "timeout", 10*time.Second, "bound of each call to the server")
 	fs.BoolVar(&fs.json, "json", false, "print JSON instead of a table")
+	fs.StringVar(&fs.prefix, "prefix", "", "the KeyPrefix of the application's Subscribers and Publishers, e.g. shop: (env VALKEYSTREAM_KEY_PREFIX): a name that begins with it is a stream key, any other name a topic, which gets it; --prefix '' names keys outside it")
 	fs.BoolVar(&fs.cluster, "cluster", false, "the server is a Redis or Valkey Cluster (env VALKEYSTREAM_CLUSTER=1); without the flag a cluster node is detected, --cluster=false skips that")
 	return fs
 }
@@ -124,6 +126,10 @@ func (fs *flagSet) env(ctx context.Context, stdin io.Reader, stdout, stderr io.W
 	if err != nil {
 		return nil, err
 	}
+	prefix, err := fs.keyPrefix()
+	if err != nil {
+		return nil, err
+	}
 	client, err := fs.connect(ctx, opt)
 	if err != nil {
 		return nil, err
@@ -131,6 +137,7 @@ func (fs *flagSet) env(ctx context.Context, stdin io.Reader, stdout, stderr io.W
 	return &env{
 		client: client,
 		addr:   opt.Addr,
+		prefix: prefix,
 		json:   fs.json,
 		stdin:  bufio.NewReader(stdin),
 		stdout: stdout,
@@ -142,6 +149,7 @@ func (fs *flagSet) env(ctx context.Context, stdin io.Reader, stdout, stderr io.W
 type env struct {
 	client redis.UniversalClient // a *redis.ClusterClient on a cluster
 	addr   string
+	prefix string // the key prefix of topics
 	json   bool
 	stdin  *bufio.Reader
 	stdout io.Writer

@@ -13,7 +13,7 @@ import (
 
 var groupCommand = &command{
 	name:    "group",
-	args:    "<stream> [<group>]",
+	args:    "<topic-or-stream> [<group>]",
 	summary: "show a stream's groups, or one group: lag, pending, consumers",
 	help: `Without <group>, lists the consumer groups of <stream> with their consumers,
 pending entries, lag and last delivered id.
@@ -27,16 +27,19 @@ INACTIVE (since its last successful read; not reported by Redis 7.0).`,
 	nargs: [2]int{1, 2},
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		return func(ctx context.Context, e *env, args []string) error {
+			s := e.stream(args[0])
+			e.noteStream(s)
 			if len(args) == 1 {
-				return listGroups(ctx, e, args[0])
+				return listGroups(ctx, e, s.Key)
 			}
-			return showGroup(ctx, e, args[0], args[1])
+			return showGroup(ctx, e, s.Key, args[1])
 		}
 	},
 }
 
 type groupInfo struct {
 	Stream          string         `json:"stream"`
+	Topic           string         `json:"topic"`
 	Group           string         `json:"group"`
 	Consumers       int64          `json:"consumers"`
 	Pending         int64          `json:"pending"`
@@ -75,7 +78,7 @@ func lagText(l *int64) string {
 func (e *env) groups(ctx context.Context, stream string) ([]redis.XInfoGroup, error) {
 	groups, err := e.client.XInfoGroups(ctx, stream).Result()
 	if redis.HasErrorPrefix(err, "no such key") {
-		return nil, fmt.Errorf("stream %q does not exist (run \"valkeystream streams\" to list streams)", stream)
+		return nil, e.noStream(stream)
 	}
 	if err != nil {
 		return nil, e.serverErr("reading the groups of stream "+strconv.Quote(stream), err)
@@ -130,6 +133,7 @@ func showGroup(ctx context.Context, e *env, stream, group string) error {
 	if err != nil {
 		return err
 	}
+	gi.Topic = e.topicOf(stream)
 	consumers, err := e.client.XInfoConsumers(ctx, stream, group).Result()
 	if err != nil {
 		return e.serverErr(fmt.Sprintf("reading the consumers of group %q of stream %q", group, stream), err)
@@ -156,12 +160,12 @@ func showGroup(ctx context.Context, e *env, stream, group string) error {
 	if e.json {
 		return e.printJSON(gi)
 	}
-	t := e.table("STREAM", "GROUP", "LAG", "PENDING", "CONSUMERS", "LAST DELIVERED", "OLDEST PENDING")
+	t := e.table("STREAM", "TOPIC", "GROUP", "LAG", "PENDING", "CONSUMERS", "LAST DELIVERED", "OLDEST PENDING")
 	oldest := "-"
 	if gi.OldestPendingID != "" {
 		oldest = gi.OldestPendingID + " (" + ageText(time.Since(idTime(gi.OldestPendingID))) + " old)"
 	}
-	t.row(stream, group, lagText(gi.Lag), strconv.FormatInt(gi.Pending, 10), strconv.FormatInt(gi.Consumers, 10), gi.LastDeliveredID, oldest)
+	t.row(stream, gi.Topic, group, lagText(gi.Lag), strconv.FormatInt(gi.Pending, 10), strconv.FormatInt(gi.Consumers, 10), gi.LastDeliveredID, oldest)
 	if err := t.flush(); err != nil {
 		return err
 	}
@@ -191,5 +195,5 @@ func (e *env) group(ctx context.Context, stream, group string) (groupInfo, error
 			return toGroupInfo(stream, g), nil
 		}
 	}
-	return groupInfo{}, fmt.Errorf("stream %q has no group %q (run \"valkeystream group %s\" to list its groups)", stream, group, stream)
+	return groupInfo{}, fmt.Errorf("stream %s has no group %q (run \"valkeystream group %s\" to list its groups)", e.named(stream), group, stream)
 }

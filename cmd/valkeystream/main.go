@@ -1,5 +1,6 @@
 // Command valkeystream inspects and repairs the streams, consumer groups,
-// pending entries and dead letters of valkeystream applications.
+// pending entries, dead letters, delayed messages and deduplication marks
+// of valkeystream applications.
 //
 // Usage:
 //
@@ -8,7 +9,9 @@
 // Run "valkeystream help" for the commands and "valkeystream <command>
 // --help" for one command's flags. The server is given by --addr or --url,
 // or by the VALKEYSTREAM_ADDR and VALKEYSTREAM_URL environment variables; a
-// cluster is detected, or named with --cluster.
+// cluster is detected, or named with --cluster. Streams are named by topic
+// or by stream key; --prefix or VALKEYSTREAM_KEY_PREFIX gives the
+// applications' KeyPrefix.
 //
 // Exit codes: 0 success, 1 failure (the server refused, a key is missing, the
 // operator declined), 2 wrong usage.
@@ -51,6 +54,11 @@ var commands = []*command{
 	deadListCommand,
 	deadReplayCommand,
 	pruneCommand,
+	delayedListCommand,
+	delayedShowCommand,
+	delayedCancelCommand,
+	dedupShowCommand,
+	dedupClearCommand,
 }
 
 func main() {
@@ -148,7 +156,7 @@ func checkArgs(c *command, args []string) error {
 
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, `valkeystream inspects and repairs valkeystream streams, consumer groups,
-pending entries and dead letters.
+pending entries, dead letters, delayed messages and deduplication marks.
 
 Usage:
   valkeystream <command> [flags] [arguments]
@@ -156,7 +164,7 @@ Usage:
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-15s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `
 The server: --addr host:port or --url redis://user:pass@host:port/db, else
@@ -165,6 +173,13 @@ VALKEYSTREAM_ADDR or VALKEYSTREAM_URL, else 127.0.0.1:6379. --user and
 A cluster node is detected (INFO cluster) and the whole cluster is used;
 --cluster says so without asking, and --addr may then list several nodes.
 Tables by default; --json prints JSON for scripts.
+
+Streams are named by topic or by stream key. --prefix shop: (or
+VALKEYSTREAM_KEY_PREFIX) gives the KeyPrefix of the application's
+Subscribers and Publishers: a name that begins with it is a stream key,
+any other name a topic (orders.placed is the stream shop:orders.placed);
+--prefix '' names keys outside it. Dead-letter commands take the topic the
+dead letters came from as well.
 
 Run "valkeystream <command> --help" for a command's flags.
 Exit codes: 0 success, 1 failure, 2 wrong usage.

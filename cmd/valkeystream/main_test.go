@@ -48,10 +48,17 @@ type result struct {
 // cli runs the built command against addr with stdin as its input.
 func cli(t *testing.T, addr, stdin string, args ...string) result {
 	t.Helper()
+	return cliEnv(t, addr, nil, stdin, args...)
+}
+
+// cliEnv is cli with the environment variables env ("NAME=value") added.
+func cliEnv(t *testing.T, addr string, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr, "VALKEYSTREAM_URL=")
+	cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr, "VALKEYSTREAM_URL=", "VALKEYSTREAM_KEY_PREFIX=")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -148,11 +155,15 @@ func TestUsageAndExitCodes(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{"command help", []string{"pending", "--help"}, 0, "-min-idle"},
 		{"help for a command", []string{"help", "prune"}, 0, "XGROUP DELCONSUMER"},
-		{"missing argument", []string{"pending", "orders"}, 2, "missing arguments: want <stream> <group>"},
+		{"missing argument", []string{"pending", "orders"}, 2, "missing arguments: want <topic-or-stream> <group>"},
 		{"too many arguments", []string{"entry", "a", "1-0", "extra"}, 2, "too many arguments"},
 		{"unknown flag", []string{"streams", "--colour"}, 2, "flag provided but not defined: -colour"},
 		{"replay says which", []string{"dead", "replay", "orders.dead"}, 2, "--all, --id, or a filter"},
 		{"prune needs idle", []string{"prune", "s", "g"}, 2, "--idle is required"},
+		{"help lists the delayed and dedup commands", []string{"help"}, 0, "delayed cancel"},
+		{"help explains the prefix", []string{"help"}, 0, "VALKEYSTREAM_KEY_PREFIX"},
+		{"dedup clear help", []string{"dedup", "clear", "--help"}, 0, "-in-progress"},
+		{"delayed cancel says which", []string{"delayed", "cancel", "orders"}, 2, "their UUIDs, or --all"},
 		{"address and URL", []string{"streams", "--addr", "127.0.0.1:1", "--url", "redis://127.0.0.1:1"}, 2, "give one"},
 		{"unreachable server", []string{"streams", "--addr", "127.0.0.1:1", "--timeout", "2s"}, 1, "cannot reach the server at 127.0.0.1:1"},
 	}
@@ -193,11 +204,11 @@ func TestStreams(t *testing.T) {
 		t.Fatalf("got %d lines, want a header and 2 streams:\n%s", len(rows), out)
 	}
 	checkAligned(t, out)
-	if got := rows[2]; got[0] != "app:orders" || got[1] != "3" || got[len(got)-1] != "audit,billing" {
-		t.Errorf("row %q, want app:orders with length 3 and groups audit,billing", got)
+	if got := rows[2]; got[0] != "app:orders" || got[1] != "orders" || got[2] != "3" || got[len(got)-1] != "audit,billing" {
+		t.Errorf("row %q, want app:orders (topic orders) with length 3 and groups audit,billing", got)
 	}
-	if got := rows[1]; got[0] != "app:empty" || got[1] != "0" || got[2] != "-" {
-		t.Errorf("row %q, want app:empty with length 0 and no entry times", got)
+	if got := rows[1]; got[0] != "app:empty" || got[1] != "empty" || got[2] != "0" || got[3] != "-" {
+		t.Errorf("row %q, want app:empty (topic empty) with length 0 and no entry times", got)
 	}
 
 	infos := decode[[]streamInfo](t, ok(t, srv.Addr(), "streams", "--prefix", "app:", "--json"))
@@ -205,7 +216,7 @@ func TestStreams(t *testing.T) {
 		t.Fatalf("got %d streams, want 2: %+v", len(infos), infos)
 	}
 	o := infos[1]
-	if o.Stream != "app:orders" || o.Length != 3 || o.FirstID != first || o.LastID != last || len(o.Groups) != 2 {
+	if o.Stream != "app:orders" || o.Topic != "orders" || o.Length != 3 || o.FirstID != first || o.LastID != last || len(o.Groups) != 2 {
 		t.Errorf("got %+v, want app:orders, length 3, first %s, last %s, 2 groups", o, first, last)
 	}
 	if o.FirstTime != timeText(idTime(first)) {

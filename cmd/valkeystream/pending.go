@@ -13,7 +13,7 @@ import (
 
 var pendingCommand = &command{
 	name:    "pending",
-	args:    "<stream> <group>",
+	args:    "<topic-or-stream> <group>",
 	summary: "list a group's pending entries: consumer, idle, deliveries, UUID",
 	help: `Lists the entries of <group> that were delivered and not acknowledged, oldest
 first: the entry id, the consumer holding it, IDLE (since it was last
@@ -37,7 +37,9 @@ failed at least twice).`,
 			if *minIdle < 0 || *minCount < 0 {
 				return usagef("--min-idle and --min-count cannot be negative")
 			}
-			return listPending(ctx, e, args[0], args[1], pendingFilter{*consumer, *minIdle, *minCount}, *limit)
+			s := e.stream(args[0])
+			e.noteStream(s)
+			return listPending(ctx, e, s.Key, args[1], pendingFilter{*consumer, *minIdle, *minCount}, *limit)
 		}
 	},
 }

@@ -10,7 +10,7 @@ import (
 
 var pruneCommand = &command{
 	name:    "prune",
-	args:    "<stream> <group>",
+	args:    "<topic-or-stream> <group>",
 	summary: "remove consumers that hold no pending entries and are idle past an age",
 	help: `Removes from <group> the consumers that hold no pending entries and have been
 idle for at least --idle (XGROUP DELCONSUMER). A consumer that holds pending
@@ -32,7 +32,9 @@ Asks for confirmation unless --yes; --dry-run lists the candidates only.`,
 			if *idle <= 0 {
 				return usagef("--idle is required: how long a consumer must have been idle to be removed, e.g. --idle 24h")
 			}
-			return prune(ctx, e, args[0], args[1], *idle, *dry, *yes)
+			s := e.stream(args[0])
+			e.noteStream(s)
+			return prune(ctx, e, s.Key, args[1], *idle, *dry, *yes)
 		}
 	},
 }

@@ -14,20 +14,21 @@ var streamsCommand = &command{
 	args:    "",
 	summary: "list streams with their length, first and last entry time and groups",
 	help: `Lists the streams whose key starts with --prefix (all streams without it),
-found with SCAN ... TYPE stream, with their length, the time of their first
-and last entry (from the entry ids), and their consumer groups.`,
+found with SCAN ... TYPE stream, with their topic (the key without the
+prefix), their length, the time of their first and last entry (from the
+entry ids), and their consumer groups.`,
 	nargs: [2]int{0, 0},
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
-		prefix := fs.String("prefix", "", "only keys that start with this `prefix`")
 		limit := fs.Int("limit", 1000, "list at most this many streams")
 		return func(ctx context.Context, e *env, _ []string) error {
-			return listStreams(ctx, e, *prefix, *limit)
+			return listStreams(ctx, e, e.prefix, *limit)
 		}
 	},
 }
 
 type streamInfo struct {
 	Stream      string   `json:"stream"`
+	Topic       string   `json:"topic"`
 	Length      int64    `json:"length"`
 	FirstID     string   `json:"first_id,omitempty"`
 	FirstTime   string   `json:"first_time,omitempty"`
@@ -72,7 +73,7 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 		if err != nil {
 			return e.serverErr("reading the groups of stream "+strconv.Quote(key), err)
 		}
-		si := streamInfo{Stream: key, Length: info.Length, Groups: []string{}, LastAddedID: info.LastGeneratedID}
+		si := streamInfo{Stream: key, Topic: e.topicOf(key), Length: info.Length, Groups: []string{}, LastAddedID: info.LastGeneratedID}
 		if info.Length > 0 {
 			si.FirstID, si.LastID = info.FirstEntry.ID, info.LastEntry.ID
 			si.FirstTime, si.LastTime = timeText(idTime(si.FirstID)), timeText(idTime(si.LastID))
@@ -85,13 +86,13 @@ func listStreams(ctx context.Context, e *env, prefix string, limit int) error {
 	if e.json {
 		return e.printJSON(infos)
 	}
-	t := e.table("STREAM", "LENGTH", "FIRST ENTRY", "LAST ENTRY", "GROUPS")
+	t := e.table("STREAM", "TOPIC", "LENGTH", "FIRST ENTRY", "LAST ENTRY", "GROUPS")
 	for _, si := range infos {
 		groups := strings.Join(si.Groups, ",")
 		if groups == "" {
 			groups = "-"
 		}
-		t.row(si.Stream, strconv.FormatInt(si.Length, 10), dash(si.FirstTime), dash(si.LastTime), groups)
+		t.row(si.Stream, si.Topic, strconv.FormatInt(si.Length, 10), dash(si.FirstTime), dash(si.LastTime), groups)
 	}
 	if err := t.flush(); err != nil {
 		return err

@@ -54,3 +54,31 @@ local function fields(m)
   return f
 end
 `
+
+// DecodeEntry reverses EncodeEntry, as DecodeEntryLua does in the scripts:
+// it returns the fields and values of the encoded entry m, in order. A
+// string EncodeEntry cannot have written is an error that says where it
+// stops making sense.
+func DecodeEntry(m string) ([]string, error) {
+	var out []string
+	for p := 0; p < len(m); {
+		c := strings.IndexByte(m[p:], ':')
+		if c < 0 {
+			return nil, fmt.Errorf("encoded entry: no ':' after the length at byte %d", p)
+		}
+		n, err := strconv.Atoi(m[p : p+c])
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("encoded entry: %q at byte %d is not a length", m[p:p+c], p)
+		}
+		start := p + c + 1
+		if n > len(m)-start {
+			return nil, fmt.Errorf("encoded entry: a value of %d bytes at byte %d runs past the end (%d bytes)", n, start, len(m))
+		}
+		out = append(out, m[start:start+n])
+		p = start + n
+	}
+	if len(out)%2 != 0 {
+		return nil, fmt.Errorf("encoded entry: %d strings, not field and value pairs", len(out))
+	}
+	return out, nil
+}

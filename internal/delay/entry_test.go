@@ -1,6 +1,9 @@
 package delay
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestDelayedEntryEncoding(t *testing.T) {
 	for _, tc := range []struct {
@@ -22,5 +25,23 @@ func TestDelayedEntryEncoding(t *testing.T) {
 	}
 	if got, err := EncodeEntry([]any{"k", struct{}{}}); err == nil {
 		t.Fatalf("EncodeEntry of a struct field = %q, nil; want an error", got)
+	}
+}
+
+func TestDecodeEntryReversesEncodeEntry(t *testing.T) {
+	fields := []any{"uuid", "u-1", "payload", []byte("4:ab:\n"), "", "", "n", int64(-12), "t", true}
+	want := []string{"uuid", "u-1", "payload", "4:ab:\n", "", "", "n", "-12", "t", "1"}
+	m, err := EncodeEntry(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeEntry(m)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("DecodeEntry(%q) = %q, %v; want %q, nil", m, got, err, want)
+	}
+	for _, bad := range []string{"4:uuid", "x:ab", "4uuid", "9:short", "-1:a1:b", "1:a"} {
+		if got, err := DecodeEntry(bad); err == nil {
+			t.Errorf("DecodeEntry(%q) = %q, nil; want an error", bad, got)
+		}
 	}
 }

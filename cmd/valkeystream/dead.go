@@ -279,6 +279,14 @@ already replayed next time, never appended twice and never lost.
 
 ` + deadNaming + `
 
+A replay goes only to the consumer group that gave up on the dead letter
+(its valkeystream_original_group): the appended entry carries
+valkeystream_replay_group, and subscriptions of the stream's other groups
+acknowledge it without delivering it, so a group that handled the message
+already does not get it again. --all-groups replays to every group (as does a
+dead letter that names no group). --dry-run lists the groups each one would
+reach.
+
 Dead letters without an origin stream (not written by valkeystream) are
 skipped and listed. Asks for confirmation unless --yes; --dry-run shows what
 would happen and changes nothing.`,
@@ -286,7 +294,8 @@ would happen and changes nothing.`,
 	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
 		f := addDeadFilter(fs)
 		all := fs.Bool("all", false, "replay every dead letter in the stream (up to --limit)")
-		dry := fs.Bool("dry-run", false, "show what would be replayed; change nothing")
+		dry := fs.Bool("dry-run", false, "show what would be replayed, and to which groups; change nothing")
+		allGroups := fs.Bool("all-groups", false, "replay to every consumer group of the stream, not only the one that gave up on the dead letter")
 		yes := fs.Bool("yes", false, "do not ask for confirmation")
 		return func(ctx context.Context, e *env, args []string) error {
 			switch {
@@ -301,7 +310,7 @@ would happen and changes nothing.`,
 			}
 			e.noteDead(args[0], dead)
 			f.resolve(e)
-			return replayDead(ctx, e, dead.Key, *f, *dry, *yes)
+			return replayDead(ctx, e, dead.Key, *f, replayOptions{dry: *dry, yes: *yes, allGroups: *allGroups})
 		}
 	},
 }
@@ -346,12 +355,23 @@ func markerKey(stream string) string {
 type replayResult struct {
 	deadLetter
 	Stream string `json:"stream"`
+	// ForGroup is the one group the replay is for, "" for every group;
+	// Groups the groups of the stream it reaches (read for the dry run).
+	ForGroup string   `json:"for_group,omitempty"`
+	Groups   []string `json:"groups,omitempty"`
 	NewID  string `json:"new_id,omitempty"`
 	Result string `json:"result"` // appended, already-appended, would-append, skipped
 	Reason string `json:"reason,omitempty"`
 }
 
-func replayDead(ctx context.Context, e *env, stream string, f deadFilter, dry, yes bool) error {
+// replayOptions are the choices of a dead replay.
+type replayOptions struct {
+	dry, yes  bool
+	allGroups bool // replay to every group, not only the one that gave up
+}
+
+func replayDead(ctx context.Context, e *env, stream string, f deadFilter, o replayOptions) error {
+	dry, yes := o.dry, o.yes
 	letters, err := readDead(ctx, e, stream, f)
 	if err != nil {
 		return err
@@ -371,6 +391,9 @@ func replayDead(ctx context.Context, e *env, stream string, f deadFilter, dry, y
 	replayable := 0
 	for i, d := range letters {
 		r := replayResult{deadLetter: d, Stream: d.OriginStream}
+		if !o.allGroups {
+			r.ForGroup = d.Group
+		}
 		if d.OriginStream == "" {
 			r.Result, r.Reason = "skipped", "no "+valkeystream.MetadataOriginalStream+" field: not a valkeystream dead letter"
 		} else {
@@ -386,6 +409,11 @@ func replayDead(ctx context.Context, e *env, stream string, f deadFilter, dry, y
 			if r.Result != "" {
 				continue
 			}
+			groups, err := replayGroups(ctx, e, r.Stream, r.ForGroup)
+			if err != nil {
+				return err
+			}
+			r.Groups = groups
 			prev, err := e.client.HGet(ctx, markerKey(r.Stream), markerField(stream, r.ID)).Result()
 			switch {
 			case err == nil:
@@ -441,7 +469,7 @@ func markerField(deadStream, id string) string { return deadStream + " " + id }
 // letter.
 func replayOne(ctx context.Context, e *env, deadStream string, r *replayResult) error {
 	args := []any{markerField(deadStream, r.ID), int64(replayMarkerTTL / time.Second)}
-	args = append(args, replayFields(r.fields)...)
+	args = append(args, replayFields(r.fields, r.ForGroup)...)
 	res, err := replayScript.Run(ctx, e.client, []string{r.Stream, markerKey(r.Stream)}, args...).Slice()
 	if err != nil {
 		return e.serverErr(fmt.Sprintf("appending dead letter %s to stream %q", r.ID, r.Stream), err)
@@ -463,15 +491,19 @@ func replayOne(ctx context.Context, e *env, deadStream string, r *replayResult) 
 // replayFields returns the fields of the message a dead letter holds: its
 // own fields without the dead-letter keys, the UUID and payload first, the
 // rest in key order (as DefaultMarshaler writes them).
-func replayFields(fields map[string]any) []any {
+// replayFields returns the fields of the message a dead letter holds: its
+// own fields without the dead-letter keys (and without the group of an
+// earlier replay), the UUID and payload first, the rest in key order (as
+// DefaultMarshaler writes them), then the group the replay is for, if one.
+func replayFields(fields map[string]any, forGroup string) []any {
 	keys := make([]string, 0, len(fields))
 	for k := range fields {
-		if k != valkeystream.FieldUUID && k != valkeystream.FieldPayload && !contains(deadKeys, k) {
+		if k != valkeystream.FieldUUID && k != valkeystream.FieldPayload && k != valkeystream.MetadataReplayGroup && !contains(deadKeys, k) {
 			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
-	out := make([]any, 0, 2*len(keys)+4)
+	out := make([]any, 0, 2*len(keys)+6)
 	for _, k := range []string{valkeystream.FieldUUID, valkeystream.FieldPayload} {
 		if v, ok := fields[k]; ok {
 			out = append(out, k, fieldText(v))
@@ -480,14 +512,33 @@ func replayFields(fields map[string]any) []any {
 	for _, k := range keys {
 		out = append(out, k, fieldText(fields[k]))
 	}
+	if forGroup != "" {
+		out = append(out, valkeystream.MetadataReplayGroup, forGroup)
+	}
 	return out
+}
+
+// replayGroups returns the groups of stream a replay for forGroup ("" for
+// every group) reaches.
+func replayGroups(ctx context.Context, e *env, stream, forGroup string) ([]string, error) {
+	groups, err := e.client.XInfoGroups(ctx, stream).Result()
+	if err != nil && !redis.HasErrorPrefix(err, "ERR no such key") && !redis.HasErrorPrefix(err, "no such key") {
+		return nil, e.serverErr("reading the consumer groups of stream "+strconv.Quote(stream), err)
+	}
+	var names []string
+	for _, g := range groups {
+		if forGroup == "" || g.Name == forGroup {
+			names = append(names, g.Name)
+		}
+	}
+	return names, nil
 }
 
 func printReplay(e *env, results []replayResult) error {
 	if e.json {
 		return e.printJSON(results)
 	}
-	t := e.table("DEAD LETTER", "UUID", "TO STREAM", "RESULT", "NEW ID")
+	t := e.table("DEAD LETTER", "UUID", "TO STREAM", "FOR GROUP", "RESULT", "NEW ID")
 	for _, r := range results {
 		res := r.Result
 		if res == "" {
@@ -496,7 +547,14 @@ func printReplay(e *env, results []replayResult) error {
 		if r.Reason != "" {
 			res += ": " + clip(r.Reason, 70)
 		}
-		t.row(r.ID, dash(r.UUID), dash(r.Stream), res, dash(r.NewID))
+		forGroup := r.ForGroup
+		if forGroup == "" {
+			forGroup = "(every group)"
+		}
+		if r.Groups != nil || r.Result == "would-append" {
+			forGroup += " -> reaches " + dash(strings.Join(r.Groups, ","))
+		}
+		t.row(r.ID, dash(r.UUID), dash(r.Stream), forGroup, res, dash(r.NewID))
 	}
 	return t.flush()
 }

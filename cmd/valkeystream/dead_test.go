@@ -122,10 +122,21 @@ func TestDeadReplay(t *testing.T) {
 	letters := decode[[]deadLetter](t, ok(t, srv.Addr(), "dead", "list", "orders.dead", "--json"))
 	before := streamUUIDs(t, c, "orders")
 
-	// A dry run changes nothing.
+	// A dry run changes nothing, and says which groups each replay reaches:
+	// the one that gave up on it, or with --all-groups every group.
+	if err := c.XGroupCreate(ctx, "orders", "shipping", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 	plan := decode[[]replayResult](t, ok(t, srv.Addr(), "dead", "replay", "orders.dead", "--all", "--dry-run", "--json"))
 	if len(plan) != 4 || plan[0].Result != "would-append" || plan[0].Stream != "orders" {
 		t.Errorf("dry run: got %+v, want 4 would-append to orders", plan)
+	}
+	if plan[0].ForGroup != "billing" || strings.Join(plan[0].Groups, ",") != "billing" {
+		t.Errorf("dry run: for group %q, reaches %v; want billing only", plan[0].ForGroup, plan[0].Groups)
+	}
+	everyone := decode[[]replayResult](t, ok(t, srv.Addr(), "dead", "replay", "orders.dead", "--all", "--all-groups", "--dry-run", "--json"))
+	if everyone[0].ForGroup != "" || len(everyone[0].Groups) != 2 {
+		t.Errorf("dry run with --all-groups: for group %q, reaches %v; want every group (billing, shipping)", everyone[0].ForGroup, everyone[0].Groups)
 	}
 	// So does a refusal, and no answer at all.
 	for _, stdin := range []string{"n\n", ""} {
@@ -143,7 +154,7 @@ func TestDeadReplay(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("replay by id: exit %d, stderr %s", r.code, r.stderr)
 	}
-	if rows := columns(r.stdout); len(rows) != 2 || rows[1][0] != letters[0].ID || rows[1][3] != "appended" {
+	if rows := columns(r.stdout); len(rows) != 2 || rows[1][0] != letters[0].ID || rows[1][3] != "billing" || rows[1][4] != "appended" {
 		t.Errorf("replay table:\n%s\nwant %s appended", r.stdout, letters[0].ID)
 	}
 	msgs, err := c.XRevRangeN(ctx, "orders", "+", "-", 1).Result()
@@ -157,6 +168,9 @@ func TestDeadReplay(t *testing.T) {
 	if replayed.UUID != uuids[0] || string(replayed.Payload) != `{"n":0}` || replayed.Metadata.Get("customer") != "cust-0" {
 		t.Errorf("replayed %s %q %v, want %s {\"n\":0} customer=cust-0", replayed.UUID, replayed.Payload, replayed.Metadata, uuids[0])
 	}
+	if g := replayed.Metadata.Get(valkeystream.MetadataReplayGroup); g != "billing" {
+		t.Errorf("the replayed entry is for group %q, want billing (the group that gave up on it)", g)
+	}
 	for _, k := range deadKeys {
 		if _, has := replayed.Metadata[k]; has {
 			t.Errorf("the replayed message keeps dead-letter key %s", k)
@@ -166,7 +180,7 @@ func TestDeadReplay(t *testing.T) {
 	// An interrupted run: the second dead letter was appended, and the run
 	// stopped before deleting it.
 	l1 := toDeadLetter(mustRange(t, c, "orders.dead", letters[1].ID))
-	args := append([]any{markerField("orders.dead", l1.ID), 60}, replayFields(l1.fields)...)
+	args := append([]any{markerField("orders.dead", l1.ID), 60}, replayFields(l1.fields, "")...)
 	if err := replayScript.Run(ctx, c, []string{"orders", markerKey("orders")}, args...).Err(); err != nil {
 		t.Fatal(err)
 	}

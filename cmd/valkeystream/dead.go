@@ -359,9 +359,9 @@ type replayResult struct {
 	// Groups the groups of the stream it reaches (read for the dry run).
 	ForGroup string   `json:"for_group,omitempty"`
 	Groups   []string `json:"groups,omitempty"`
-	NewID  string `json:"new_id,omitempty"`
-	Result string `json:"result"` // appended, already-appended, would-append, skipped
-	Reason string `json:"reason,omitempty"`
+	NewID    string   `json:"new_id,omitempty"`
+	Result   string   `json:"result"` // appended, already-appended, would-append, skipped
+	Reason   string   `json:"reason,omitempty"`
 }
 
 // replayOptions are the choices of a dead replay.

@@ -50,6 +50,9 @@ type RedisServerOptions struct {
 	// failed call's error, after which Verbs finds out again.
 	Verbs  func(context.Context) serverinfo.Verbs
 	Forget func()
+	// Cached returns the verbs when they are known, without a call: most
+	// calls, which then need no bound of their own.
+	Cached func() (serverinfo.Verbs, bool)
 }
 
 // NewRedisServer returns the Server of the subscription o names, through
@@ -64,6 +67,11 @@ func NewRedisServer(client redis.UniversalClient, o RedisServerOptions) *RedisSe
 func (s *RedisServer) verbs(ctx context.Context) serverinfo.Verbs {
 	if s.opt.Verbs == nil {
 		return serverinfo.Verbs{}
+	}
+	if s.opt.Cached != nil {
+		if v, ok := s.opt.Cached(); ok {
+			return v
+		}
 	}
 	var v serverinfo.Verbs
 	_ = bounded.Call(ctx, func() {

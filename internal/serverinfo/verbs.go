@@ -309,6 +309,17 @@ func (k *Known) learn(ctx context.Context, docs *redis.Cmd) (v Verbs, changed bo
 	return v, changed, refused, nil
 }
 
+// Cached returns the verbs of the current node without asking, and
+// whether they are known (always, for a forced baseline).
+func (k *Known) Cached() (Verbs, bool) {
+	if k == nil || k.baseline {
+		return Verbs{}, true
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.verbs, k.known
+}
+
 // Current returns the verbs found out last, without probing.
 func (k *Known) Current() Verbs {
 	if k == nil || k.baseline {

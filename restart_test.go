@@ -2,6 +2,8 @@ package valkeystream_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +37,10 @@ func TestKilledProcessRestartedUnderItsNameHandlesNewMessagesAtOnce(t *testing.T
 	}, time.Minute, 20*time.Millisecond, "the stalled worker must hold all five entries")
 	require.Equal(t, first.Process.Pid, holderPid(e, key))
 	require.NoError(t, first.Process.Kill())
+	// A read the killed process left blocked on the server would take a new
+	// message for the dead name until the server sees its connection close.
+	require.Eventually(t, func() bool { return blockedClients(t, e) == 0 }, receiveTimeout, 5*time.Millisecond,
+		"the server must see the killed process's connections close")
 
 	restarted := time.Now()
 	_, ledger := startWorker(t, e, bin, "worker", opts...)
@@ -88,4 +94,20 @@ func TestKilledProcessRestartedUnderItsNameHandlesNewMessagesAtOnce(t *testing.T
 		p, err := e.client.XPending(ctx, e.topic, "g").Result()
 		return err == nil && p.Count == 0
 	}, receiveTimeout, 20*time.Millisecond, "nothing may stay pending")
+}
+
+// blockedClients returns the server's count of clients blocked in a read.
+func blockedClients(t *testing.T, e *env) int {
+	t.Helper()
+	info, err := e.client.Info(context.Background(), "clients").Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "blocked_clients:"); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("INFO clients has no blocked_clients:\n%s", info)
+	return 0
 }

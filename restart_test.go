@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -110,4 +111,58 @@ func blockedClients(t *testing.T, e *env) int {
 	}
 	t.Fatalf("INFO clients has no blocked_clients:\n%s", info)
 	return 0
+}
+
+// A pod restarted under a fresh name (a Deployment's pods get one each
+// time) after a crash, simulated by a consumer that read entries and a lease
+// nobody renews: nothing of the departed name is taken over through its
+// lease (another base), its entries are reclaimed once idle past
+// ClaimMinIdle, each handled once, and the departed consumer is removed
+// once it holds nothing and is idle past RemoveIdleConsumersAfter. The
+// figures are logged, with the timings scaled down.
+func TestCrashedPodWithAFreshNameLeavesNothingBehind(t *testing.T) {
+	testserver.Parallel(t)
+	ctx := context.Background()
+	e := newEnv(t)
+	const (
+		minIdle = time.Second
+		age     = 2 * time.Second
+	)
+	require.NoError(t, e.client.XGroupCreateMkStream(ctx, e.topic, "g", "0").Err())
+	old := uuidsOf(e.publish(3))
+	require.NoError(t, e.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: "g", Consumer: "pod-a", Streams: []string{e.topic, ">"}, Count: 3, Block: -1}).Err())
+	require.NoError(t, e.client.Set(ctx, leaseKeyOf(e.topic, "g", "pod-a"), "a-killed-process", time.Second).Err())
+	crashed := time.Now()
+
+	sub := e.subscriber("g", "pod-b", func(c *valkeystream.SubscriberConfig) {
+		c.ClaimMinIdle = minIdle
+		c.ClaimInterval = 200 * time.Millisecond
+		c.BlockTime = 100 * time.Millisecond
+		c.RemoveIdleConsumersAfter = age
+		c.ConsumerLeaseTTL = time.Second
+	})
+	msgs := e.subscribe(sub)
+	counts := map[string][]int{}
+	for range old {
+		m := receive(t, msgs)
+		counts[m.UUID] = append(counts[m.UUID], valkeystream.DeliveryCount(m))
+		m.Ack()
+	}
+	reclaimed := time.Since(crashed)
+	for _, id := range old {
+		assert.Equal(t, []int{2}, counts[id], "entry %s of the departed pod: reclaimed and handled once", id)
+	}
+	assert.GreaterOrEqual(t, reclaimed, minIdle, "reclaimed only once idle past ClaimMinIdle")
+	require.Eventually(t, func() bool {
+		cs, err := e.client.XInfoConsumers(ctx, e.topic, "g").Result()
+		require.NoError(t, err)
+		return len(cs) == 1 && cs[0].Name == "pod-b"
+	}, receiveTimeout, 20*time.Millisecond, "the departed consumer must be removed")
+	removed := time.Since(crashed)
+	p, err := e.client.XPending(ctx, e.topic, "g").Result()
+	require.NoError(t, err)
+	assert.Zero(t, p.Count)
+	t.Logf("crashed pod under a fresh name (ClaimMinIdle %s, ClaimInterval 200ms, RemoveIdleConsumersAfter %s): its entries handled %s after its last read, its consumer removed after %s",
+		minIdle, age, reclaimed.Round(time.Millisecond), removed.Round(time.Millisecond))
 }

@@ -58,7 +58,8 @@ const (
 	DefaultCloseGrace = 5 * time.Second
 	// DefaultConsumerLeaseTTL is how long a consumer name stays leased to a
 	// subscription that stopped renewing it (a process that died without
-	// Close): the longest a restarted process waits to get its name back.
+	// Close): the longest its pending entries wait to be taken over by a
+	// subscription of the same base name.
 	DefaultConsumerLeaseTTL = 10 * time.Second
 	// DefaultRemoveIdleConsumersFactor times ClaimMinIdle is the default
 	// RemoveIdleConsumersAfter.
@@ -193,28 +194,33 @@ type SubscriberConfig struct {
 	ConsumerGroup string
 
 	// Consumer is this consumer's name in the group, or rather the base of
-	// it. A consumer that restarts under the same name gets its own pending
-	// entries back before anything new. Default: the host name, which is
-	// stable across restarts of a process on the same host.
+	// it. A consumer restarted under the same name after Close gets its own
+	// pending entries back before anything new; one restarted after a crash
+	// gets them as soon as its predecessor's lease lapses. Default: the host
+	// name, which is stable across restarts of a process on the same host.
 	//
 	// A name belongs to one live subscription at a time, in any process:
-	// Subscribe takes a lease on it on the server (see ConsumerLeaseTTL).
-	// When a live subscription, here or in another process, holds the name,
-	// Subscribe takes the next free one of name-2, name-3, ...; when a
-	// subscription that stopped without Close (a killed process) still
-	// holds it, Subscribe waits for that lease to lapse and takes the name
-	// itself. This holds for a name set here as for the default. The name a
+	// Subscribe takes a lease on it on the server (see ConsumerLeaseTTL),
+	// and takes the first of name, name-2, name-3, ... whose lease is free.
+	// It never waits: a name leased by a live subscription, here or in
+	// another process, or by one that stopped without Close (a killed
+	// process) is skipped, so a restarted process handles new messages at
+	// once. A subscription takes over the pending entries of another name
+	// of its base as soon as that name's lease lapses without a renewal
+	// (its holder died), and leaves those of a live holder alone. This
+	// holds for a name set here as for the default. The name a
 	// subscription got is in every message's MetadataConsumer. Only used
 	// with ConsumerGroup.
 	Consumer string
 
 	// ConsumerLeaseTTL is how long the lease on a consumer name lasts
 	// unless renewed. A subscription renews its lease every fifth of it and
-	// deletes it on Close, so it only matters when a process dies: a
-	// restarted process waits up to this long for its name (and its pending
-	// entries), and a subscription whose renewals could not reach the server
-	// for this long may lose its name to another subscription (it then
-	// stops, see docs/design.md). At least 100ms. Only used with
+	// deletes it on Close, so it only matters when a process dies: the
+	// pending entries of a killed process wait up to this long before a
+	// subscription of the same base name takes them over (its new messages
+	// do not wait), and a subscription whose renewals could not reach the
+	// server for this long may lose its name to another subscription (it
+	// then stops, see docs/design.md). At least 100ms. Only used with
 	// ConsumerGroup. Default: DefaultConsumerLeaseTTL.
 	ConsumerLeaseTTL time.Duration
 

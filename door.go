@@ -77,7 +77,7 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	}
 	// The pipeline's try is the lease's first: taken, or where the
 	// search for a free name begins.
-	return s.takeName(ctx, first)
+	return s.takeName(ctx, key, first, logger)
 }
 
 // doorError is nil for the door's success (BUSYGROUP included), else the

@@ -21,6 +21,9 @@ import (
 type nameLease struct {
 	name string // the consumer name
 	held *lease.Lease
+	// heir takes over the pending entries of the other names of Consumer
+	// whose holders stopped without Close (see lease.Adopter).
+	heir *lease.Adopter
 }
 
 // leaseConfig is the part of the Subscriber's config the lease of a
@@ -47,17 +50,18 @@ func (s *Subscriber) leaseDeps(stream string, logger watermill.LoggerAdapter) le
 	}
 }
 
-// takeName takes a lease on the first consumer name, of Consumer,
-// Consumer-2, Consumer-3, ..., that no live subscription holds, going on
-// from first, the try of Consumer sent with the group door (see
-// openSubscription). A name held by a subscription that stopped renewing it
-// is waited for, up to ConsumerLeaseTTL, and taken once its lease lapses.
-func (s *Subscriber) takeName(ctx context.Context, first *lease.First) (*nameLease, error) {
+// takeName takes a lease on the first consumer name of stream, of
+// Consumer, Consumer-2, Consumer-3, ..., that is free, going on from first,
+// the try of Consumer sent with the group door (see openSubscription). It
+// never waits: the entries of a name leased by a subscription that stopped
+// without Close are taken over by the heir once the lease lapses.
+func (s *Subscriber) takeName(ctx context.Context, stream string, first *lease.First, logger watermill.LoggerAdapter) (*nameLease, error) {
 	held, err := first.Take(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &nameLease{name: held.Name(), held: held}, nil
+	heir := lease.NewAdopter(s.leaseConfig(stream), s.leaseDeps(stream, logger), held.Name())
+	return &nameLease{name: held.Name(), held: held, heir: heir}, nil
 }
 
 // leaseError says what a failure to take the lease on name means.
@@ -72,12 +76,13 @@ func (s *Subscriber) leaseError(stream, name string, err error) error {
 }
 
 // keepName starts the goroutine that renews the lease until ctx ends (cancel
-// ends the subscription if the name is lost), and returns the release that
+// ends the subscription if the name is lost) and the heir's, and returns the release that
 // the subscription's loop calls when it ends, after its last Acks and
 // before it closes its channel: once the channel is closed the name is free,
 // so that a subscription started right after (a router closed and run
 // again) gets it, and with it the pending entries.
 func (s *Subscriber) keepName(ctx context.Context, cancel context.CancelFunc, l *nameLease, logger watermill.LoggerAdapter) (release func()) {
+	l.heir.Start(ctx, logger)
 	return l.held.Keep(ctx, cancel, logger)
 }
 

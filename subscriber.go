@@ -139,9 +139,9 @@ func (s *Subscriber) isClosed() bool {
 
 // Subscribe starts a subscription to topic and returns its messages. With a
 // consumer group it first runs the group door, and returns a
-// *GroupCreateError if the server refuses it; then it leases a consumer name
-// (see SubscriberConfig.Consumer), which can wait up to ConsumerLeaseTTL
-// for the lease of a process that died holding the name. After Close, or
+// *GroupCreateError if the server refuses it; then it leases the first free
+// consumer name (see SubscriberConfig.Consumer), without waiting for the
+// lease of a process that died holding a name. After Close, or
 // when Close ends it while it starts, it returns ErrSubscriberClosed. The
 // channel is closed when ctx is cancelled or the Subscriber is closed, or
 // when the subscription lost its consumer name to another one (logged at

@@ -89,6 +89,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		},
 		Prune:   func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
 		Release: s.keepName(ctx, cancel, lease, logger),
+		Inherit: lease.heir,
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.
 	if m := s.shared.Join(ctx, lease.name, key); m != nil {

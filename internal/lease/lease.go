@@ -11,12 +11,14 @@
 // stream key has a hash tag, which no command needs.
 //
 // A subscription takes the first name of Consumer, Consumer-2, Consumer-3,
-// ... that no live subscription holds: [QueueFirst] queues the try of the
-// base name on a pipeline the caller runs with other commands, and
-// [First.Take] goes on from its reply. [Lease.Keep] starts the keeper
-// goroutine that renews the lease and ends the subscription when the name
-// is lost, and returns the release that deletes the lease when the
-// subscription ends. A [Pruner] removes the consumers that departed.
+// ... whose lease is free, without waiting for one to lapse: [QueueFirst]
+// queues the try of the base name on a pipeline the caller runs with other
+// commands, and [First.Take] goes on from its reply. [Lease.Keep] starts the
+// keeper goroutine that renews the lease and ends the subscription when the
+// name is lost, and returns the release that deletes the lease when the
+// subscription ends. An [Adopter] takes over the pending entries of the
+// other names of the base whose holders died, once their leases lapse. A
+// [Pruner] removes the consumers that departed.
 package lease
 
 import (

@@ -45,10 +45,11 @@ func QueueFirst(ctx context.Context, pipe redis.Pipeliner, cfg Config, deps Deps
 }
 
 // Take takes a lease on the first consumer name, of Consumer, Consumer-2,
-// Consumer-3, ..., that no live subscription holds. A name held by a
-// subscription that stopped renewing it is waited for, up to the TTL, and
-// taken once its lease lapses. The first try of Consumer is the pipeline's.
-// An error is the one Deps.TakeError makes of the failure.
+// Consumer-3, ..., whose lease is free. It never waits: a name leased by a
+// subscription that stopped without Close is skipped like one held by a
+// live subscription, and the subscription's Adopter takes over its pending
+// entries once the lease lapses. The first try of Consumer is the
+// pipeline's. An error is the one Deps.TakeError makes of the failure.
 func (f *First) Take(ctx context.Context) (*Lease, error) {
 	l, sent := f.lease, f.reply
 	for n := 1; ; n++ {
@@ -76,11 +77,15 @@ func (f *First) Abandon() {
 	dropLiveToken(f.lease.token)
 }
 
-// take takes l, waiting for it while its holder is not proven alive, and
-// reports false when a live subscription holds it. sent, when not nil, is
-// its first try, already sent.
+// take takes l if it is free, and reports false when another subscription
+// holds it: a sibling in this process, a subscription elsewhere, alive or
+// dead (a process that stopped without Close keeps its lease until it
+// lapses). Nobody waits for a lapse: the search goes on to the next name at
+// once, and the Adopter of the subscription takes over the entries of a
+// holder that turns out dead (adopt.go). sent, when not nil, is its first
+// try, already sent.
 func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
-	ttl, logger := l.ttl, l.deps.Logger
+	logger := l.deps.Logger
 	fields := watermill.LogFields{"consumer": l.name, "lease_key": l.key}
 	// Known before the lease is asked for, so that a sibling that finds it
 	// taken knows the holder is alive.
@@ -91,13 +96,6 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 			dropLiveToken(l.token)
 		}
 	}()
-
-	poll := min(max(ttl/20, 10*time.Millisecond), 500*time.Millisecond)
-	// A holder renews every ttl/renewals; one that has not renewed by the
-	// time its lease should have lapsed has a longer TTL than ours.
-	deadline := time.Now().Add(ttl + poll)
-	var w watch
-	waiting := false
 	for {
 		if sent == nil {
 			sent = l.try(ctx)
@@ -123,41 +121,20 @@ func (l *Lease) take(ctx context.Context, sent *redis.Cmd) (bool, error) {
 		}
 		if ok {
 			taken = true
-			if waiting {
-				logger.Info("Took the consumer name after the lease of its previous holder lapsed", fields)
-			}
 			return true, nil
 		}
-		if pttl == -2 {
+		switch {
+		case pttl == -2:
 			continue // it lapsed between the two steps of the script's reply: ask again
-		}
-		if isLiveToken(holder) {
-			return false, nil // a sibling in this process
-		}
-		switch w.observe(holder, pttl) {
-		case holderAlive:
-			logger.Info("Consumer name is held by a live subscription elsewhere; trying the next one", fields)
-			return false, nil
-		case holderForever:
+		case isLiveToken(holder):
+			// A sibling in this process: nothing to say.
+		case pttl < 0:
 			logger.Info("Consumer name is held by a lease without expiry; trying the next one", fields)
-			return false, nil
-		}
-		if time.Now().After(deadline) {
-			logger.Info("Consumer name is still held after ConsumerLeaseTTL although its holder did not renew it (a holder with a longer ConsumerLeaseTTL?); trying the next one", fields)
-			return false, nil
-		}
-		if !waiting {
-			waiting = true
-			logger.Info("Consumer name is leased by another subscription; waiting until it renews the lease (alive: the next name is taken) or the lease lapses (a process that stopped without Close: the name is taken)",
+		default:
+			logger.Info("Consumer name is leased elsewhere; trying the next one. If its holder stopped without Close, its pending entries are taken over once its lease lapses",
 				watermill.LogFields{"consumer": l.name, "lease_key": l.key, "lease_ttl_left": time.Duration(pttl * int64(time.Millisecond)).String()})
 		}
-		t := time.NewTimer(poll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false, ctx.Err()
-		case <-t.C:
-		}
+		return false, nil
 	}
 }
 
@@ -223,38 +200,4 @@ func parseTake(cmd *redis.Cmd) (holder string, pttl int64, taken bool, err error
 		return "", 0, false, fmt.Errorf("unexpected reply %v to the lease request", reply)
 	}
 	return holder, pttl, false, nil
-}
-
-// verdict is what watching another subscription's lease has shown.
-type verdict int
-
-const (
-	holderUnproven verdict = iota // not renewed yet while watched
-	holderAlive                   // renewed, or taken anew, while watched
-	holderForever                 // the key never expires
-)
-
-// watch follows the holder of a lease across polls. A holder is alive when
-// it renews its lease (the remaining time to live grows) or when a new
-// holder appears between two polls; a holder that died stops renewing, so
-// its lease only shrinks until it lapses.
-type watch struct {
-	seen   bool
-	holder string
-	pttl   int64
-}
-
-func (w *watch) observe(holder string, pttl int64) verdict {
-	if pttl < 0 {
-		return holderForever
-	}
-	if !w.seen {
-		w.seen, w.holder, w.pttl = true, holder, pttl
-		return holderUnproven
-	}
-	if holder != w.holder || pttl > w.pttl {
-		return holderAlive
-	}
-	w.pttl = pttl
-	return holderUnproven
 }

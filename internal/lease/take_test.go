@@ -100,21 +100,25 @@ func TestAbandonFreesTheNameThePipelineTook(t *testing.T) {
 	assert.Zero(t, e.faults.Load())
 }
 
-// A lease whose holder stopped renewing it is taken once it lapses.
-func TestTakeWaitsForALeaseThatLapses(t *testing.T) {
+// A name leased elsewhere, by a live holder or a dead one, is skipped at
+// once: Take never waits for a lease to lapse (the Adopter takes over a
+// dead holder's entries).
+func TestTakeSkipsANameLeasedElsewhereAtOnce(t *testing.T) {
 	testserver.Parallel(t)
 	ctx := context.Background()
 	e := newLeaseEnv(t, 10*time.Second)
-	require.NoError(t, e.client.Set(ctx, Key("s", "g", "worker"), "dead", 300*time.Millisecond).Err())
+	require.NoError(t, e.client.Set(ctx, Key("s", "g", "worker"), "dead", time.Minute).Err())
 
 	l, err := e.first(t).Take(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, "worker", l.Name())
+	assert.Equal(t, "worker-2", l.Name())
 	assert.Equal(t, l.token, e.client.Get(ctx, l.key).Val())
+	assert.Equal(t, "dead", e.client.Get(ctx, Key("s", "g", "worker")).Val(), "the other lease is left alone")
 }
 
-// Take ends with its context while it waits, and hands the failure to
-// Deps.TakeError with the name it was taking.
+// Take ends with its context and hands the failure to Deps.TakeError with
+// the name it was taking: the pipeline's try of the base name found it
+// leased, and the try of the next one could not be sent.
 func TestTakeEndsWithItsContext(t *testing.T) {
 	testserver.Parallel(t)
 	e := newLeaseEnv(t, time.Minute)
@@ -129,7 +133,7 @@ func TestTakeEndsWithItsContext(t *testing.T) {
 	cancel()
 	_, err := f.Take(ctx)
 	assert.ErrorIs(t, err, context.Canceled)
-	assert.Equal(t, "worker", named)
+	assert.Equal(t, "worker-2", named)
 	assert.False(t, isLiveToken(f.lease.token), "a lease not taken is forgotten")
 }
 

@@ -55,6 +55,22 @@ type Deps struct {
 	// Release releases the consumer name when the loop ends, after its last
 	// Acks and before it closes its channel.
 	Release func()
+	// Inherit tells the loop of pending entries moved to its consumer name
+	// from other names; nil: none are.
+	Inherit Inheritance
+}
+
+// Inheritance tells a loop of the pending entries moved to its consumer
+// name from the names of subscriptions that stopped without Close (see
+// internal/lease's Adopter).
+type Inheritance interface {
+	// Moved receives after entries were moved: the loop drains its own
+	// pending list again, before it reads anything new.
+	Moved() <-chan struct{}
+	// Watching reports whether entries may still be moved: meanwhile a
+	// loop waits for new entries at most BlockTime at a time, so that it
+	// comes to a move soon.
+	Watching() bool
 }
 
 // DecodeFunc turns an entry into the message handed to the handler. An

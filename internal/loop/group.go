@@ -195,6 +195,7 @@ func (l *Group) fetch(ctx context.Context) error {
 		l.ahead.err = nil
 		return err
 	}
+	l.inherit()
 	var err error
 	switch l.plan.next(time.Now()) {
 	case stepDrain:
@@ -214,6 +215,23 @@ func (l *Group) fetch(ctx context.Context) error {
 		l.hold.start()
 	}
 	return err
+}
+
+// inherit makes the loop drain its own pending list again, from its start,
+// when entries of another name were moved to its consumer (see
+// Inheritance). Only with nothing queued, as after a fault: what a drain
+// brings is then nothing the loop holds, and every Ack of what it handled
+// is sent before the drain reads. Else the move waits for the next fetch.
+func (l *Group) inherit() {
+	if l.deps.Inherit == nil || len(l.held.queue) > 0 || l.plan.missing {
+		return
+	}
+	select {
+	case <-l.deps.Inherit.Moved():
+		l.plan.restart()
+		l.deps.Logger.Debug("Entries of another consumer name were moved to this one; draining the own pending list again", nil)
+	default:
+	}
 }
 
 // drain reads the next batch of this consumer's own pending entries from
@@ -347,7 +365,11 @@ func (l *Group) readNew(ctx context.Context) error {
 // readShared waits for new entries with the loop's shared reader and
 // queues them.
 func (l *Group) readShared(ctx context.Context) error {
-	w, err := l.deps.Shared.Wait(ctx, l.pre.count(), l.plan.untilClaim(time.Now(), l.cfg.BlockTime))
+	wait := l.plan.untilClaim(time.Now(), l.cfg.BlockTime)
+	if l.deps.Inherit != nil && l.deps.Inherit.Watching() {
+		wait = l.cfg.BlockTime // come back soon for what is moved (see inherit)
+	}
+	w, err := l.deps.Shared.Wait(ctx, l.pre.count(), wait)
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}

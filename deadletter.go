@@ -125,6 +125,11 @@ func (c DeadLetterConfig) Validate() error {
 // MetadataOriginalEntryID (not by UUID: a dead letter published again after a
 // fix keeps its UUID, and may fail again).
 //
+// A handler that gives up ([GiveUp], an error wrapping [ErrGiveUp]) is
+// dead-lettered at once, whatever the count, with its reason as
+// MetadataError; the Subscriber then sees an Ack and writes no dead letter
+// of its own. If that publish fails, msg is Nacked as a plain failure.
+//
 // Failures below the limit pass through unchanged. A message without
 // delivery count metadata (count 0, not read by a Subscriber) is never
 // dead-lettered. Neither is one whose handler failed after the delivery's
@@ -168,11 +173,35 @@ func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
 				ErrDeliveryLimit, n, d.config.CrashLimit))
 		}
 		produced, err := h(msg)
+		if errors.Is(err, ErrGiveUp) && ctx.Err() == nil {
+			// The handler gave up (GiveUp): a dead letter now, whatever
+			// the count, and this one only.
+			return nil, d.handlerGaveUp(ctx, msg, err)
+		}
 		if err == nil || !isFinalFailure(ctx, msg, d.config.MaxDeliveries) {
 			return produced, err
 		}
 		return nil, d.giveUp(ctx, msg, err)
 	}
+}
+
+// handlerGaveUp publishes the dead letter of msg, whose handler gave up on
+// it with err (see GiveUp), with the handler's reason as its error. If that
+// fails, the returned error makes the router Nack msg as a plain failure,
+// without the Subscriber's own dead letter: it comes back, and is given up
+// again on its next delivery.
+func (d deadLetter) handlerGaveUp(ctx context.Context, msg *message.Message, err error) error {
+	reason, ok := msg.Metadata[MetadataGiveUp]
+	if !ok {
+		reason = err.Error()
+	}
+	if perr := d.publish(ctx, msg, errors.New(reason)); perr != nil {
+		deadLetterCounts.publishFailures.Add(1)
+		delete(msg.Metadata, MetadataGiveUp)
+		return errors.Join(err, perr)
+	}
+	deadLetterCounts.published.Add(1)
+	return nil
 }
 
 // giveUp publishes the dead letter of msg, which failed with cause, and
@@ -201,14 +230,7 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause err
 		topic = o.topic + d.config.Suffix
 	}
 
-	dead := message.NewMessage(msg.UUID, msg.Payload)
-	for k, v := range msg.Metadata {
-		dead.Metadata[k] = v
-	}
-	for _, k := range deliveryKeys {
-		delete(dead.Metadata, k)
-	}
-	o.stamp(dead.Metadata, cause.Error())
+	dead := deadLetterRecord(msg, o, cause.Error())
 	// The publish is not cut short by a deadline that made the handler
 	// fail (middleware.Timeout); a closing subscription never gets here.
 	dead.SetContext(context.WithoutCancel(ctx))
@@ -224,6 +246,26 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause err
 		"dead_letter_topic": topic,
 	})
 	return nil
+}
+
+// deadLetterRecord returns the dead letter of msg, a delivered message
+// given up with cause from its origin o: the same UUID, payload and
+// metadata, but the per-delivery keys and the verdict keys, with o and
+// cause under the dead-letter keys. The DeadLetter middleware publishes it;
+// a Subscriber writes it for a message whose handler gave up (GiveUp).
+func deadLetterRecord(msg *message.Message, o origin, cause string) *message.Message {
+	dead := message.NewMessage(msg.UUID, msg.Payload)
+	for k, v := range msg.Metadata {
+		dead.Metadata[k] = v
+	}
+	for _, k := range deliveryKeys {
+		delete(dead.Metadata, k)
+	}
+	for _, k := range verdictKeys {
+		delete(dead.Metadata, k)
+	}
+	o.stamp(dead.Metadata, cause)
+	return dead
 }
 
 // DeliveryLimit returns a handler middleware for Watermill's poison queue. When

@@ -49,6 +49,16 @@ var (
 	// Watermill's middleware.PoisonQueueWithFilter.
 	ErrDeliveryLimit = errors.New("valkeystream: delivery limit reached")
 
+	// ErrRetryLater is wrapped by the error [RetryAfter] returns: the
+	// handler asked for its message to come back after a delay of its
+	// choosing. See [IsFinal].
+	ErrRetryLater = errors.New("valkeystream: retry later")
+
+	// ErrGiveUp is wrapped, together with the reason, by the error [GiveUp]
+	// returns: the handler gave up on its message, which is dead-lettered
+	// at once. See [IsFinal].
+	ErrGiveUp = errors.New("valkeystream: given up")
+
 	// ErrDuplicateInProgress is returned by the [Deduplicator] middleware,
 	// which makes the router Nack the message, when another handling of the
 	// same message is in progress and did not end within BusyWait. The

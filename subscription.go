@@ -77,6 +77,9 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
 			return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
 		},
+		GiveUp: func(ctx context.Context, msg *message.Message, count int64, reason string) error {
+			return s.deadLetterGivenUp(ctx, key, lease.name, msg, count, reason, logger)
+		},
 		Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
 		// Like the loop's own calls, these end when the subscription does,
 		// whatever the client's options (see internal/bounded).
@@ -152,19 +155,60 @@ func (s *Subscriber) deadLetterInvalid(ctx context.Context, key, consumer string
 		deliveryCount: strconv.FormatInt(count, 10),
 	}, decodeErr)
 	fields := watermill.LogFields{"entry_id": e.ID, "dead_letter_stream": dest, "message_uuid": record.UUID}
-	values, err := DefaultMarshaler{}.Marshal("", record)
-	if err == nil {
-		var addErr error
-		err = bounded.Call(ctx, func() { addErr = s.config.Client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err() })
-		if err == nil {
-			err = addErr
-		}
-	}
-	if err != nil {
+	if err := s.writeDeadLetter(ctx, dest, record); err != nil {
 		logger.Error("Entry cannot be decoded, and copying it to the dead-letter stream failed; it stays pending",
 			errors.Join(decodeErr, err), fields)
 		return err
 	}
 	logger.Error("Entry cannot be decoded; copied to the dead-letter stream and acknowledged", decodeErr, fields)
+	return nil
+}
+
+// deadLetterGivenUp copies msg, read from stream key and delivered count
+// times, whose handler gave up on it (GiveUp, Reject), to the dead-letter
+// stream, as the DeadLetter middleware's dead letter with reason as its
+// error (see deadLetterRecord), and logs it; the loop then acknowledges
+// it. If the copy fails, the entry stays pending and comes back through a
+// claim. With NoDeadLetter it is only logged.
+func (s *Subscriber) deadLetterGivenUp(ctx context.Context, key, consumer string, msg *message.Message, count int64, reason string, logger watermill.LoggerAdapter) error {
+	fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": msg.Metadata.Get(MetadataEntryID), "delivery_count": count, "reason": reason}
+	if s.config.DeadLetterSuffix == NoDeadLetter {
+		logger.Error("Message given up by its handler; acknowledged without a dead letter (DeadLetterSuffix is NoDeadLetter)", nil, fields)
+		return nil
+	}
+	dest := key + s.config.DeadLetterSuffix
+	fields["dead_letter_stream"] = dest
+	record := deadLetterRecord(msg, origin{
+		topic:         key[len(s.config.KeyPrefix):],
+		stream:        key,
+		entryID:       msg.Metadata.Get(MetadataEntryID),
+		group:         s.config.ConsumerGroup,
+		consumer:      consumer,
+		deliveryCount: strconv.FormatInt(count, 10),
+	}, reason)
+	if err := s.writeDeadLetter(ctx, dest, record); err != nil {
+		logger.Error("Message given up by its handler, and copying it to the dead-letter stream failed; it stays pending, to come back after ClaimMinIdle",
+			err, fields)
+		return err
+	}
+	logger.Error("Message given up by its handler; copied to the dead-letter stream and acknowledged", nil, fields)
+	return nil
+}
+
+// writeDeadLetter appends record to the dead-letter stream dest, in
+// DefaultMarshaler's layout.
+func (s *Subscriber) writeDeadLetter(ctx context.Context, dest string, record *message.Message) error {
+	values, err := DefaultMarshaler{}.Marshal("", record)
+	if err != nil {
+		return fmt.Errorf("valkeystream: encoding the dead letter of message %s for %q: %w", record.UUID, dest, err)
+	}
+	var addErr error
+	if err := bounded.Call(ctx, func() { addErr = s.config.Client.XAdd(ctx, &redis.XAddArgs{Stream: dest, Values: values}).Err() }); err != nil {
+		return err
+	}
+	if addErr != nil {
+		return fmt.Errorf("valkeystream: writing the dead letter of message %s to stream %q (check that the key holds a stream or is free): %w",
+			record.UUID, dest, addErr)
+	}
 	return nil
 }

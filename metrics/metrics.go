@@ -215,6 +215,9 @@ var subscriberCounters = []struct {
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
 	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
 	{desc("subscriber_not_for_this_group_total", "Entries acknowledged without delivery because they are meant for another consumer group only (replayed dead letters).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NotForThisGroup }},
+	{desc("subscriber_retries_later_total", "Nacks with RetryAfter or NackAfter deferred: the next messages were delivered while they waited.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.RetriesLater }},
+	{desc("subscriber_retry_later_fallbacks_total", "RetryAfter or NackAfter Nacks that found the deferred set full (BatchSize) and waited the Nack backoff instead.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.RetryLaterFallbacks }},
+	{desc("subscriber_given_up_total", "Messages given up by their handlers (GiveUp, Reject) that the subscriber dead-lettered (or logged) and acknowledged.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.GivenUp }},
 	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, hold beats, lease renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
 }
 
@@ -224,6 +227,7 @@ var subscriberGauges = []struct {
 	get  func(valkeystream.Stats) int64
 }{
 	{desc("subscriber_read_ahead", "Entries fetched and waiting in the subscriptions' queues to be delivered; with a group they are pending on the server.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.ReadAhead }},
+	{desc("subscriber_deferred", "Entries Nacked with RetryAfter or NackAfter waiting to come back, pending for and held by the subscriptions.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Deferred }},
 	{desc("subscriber_in_flight", "Messages taken from the queues and not settled yet: being handed over, in a handler, or waiting to be delivered again after a Nack.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InFlight }},
 }
 

@@ -358,3 +358,68 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// The counters of the handlers' verdicts: a message Nacked to come back
+// later (the Deferred gauge while it waits, 0 once handed back by Close),
+// and one given up.
+func TestVerdictCounters(t *testing.T) {
+	srv := testserver.Start(t)
+	client := newClient(t, srv)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "billing", Consumer: "w1", Start: valkeystream.StartHead,
+		AckFlushInterval: time.Millisecond,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	c, reg := register(t, metrics.Config{})
+	if err := c.AddSubscriber("billing", sub); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() *message.Message {
+		select {
+		case m := <-msgs:
+			return m
+		case <-ctx.Done():
+			t.Fatal("timed out consuming")
+			return nil
+		}
+	}
+	first := next()
+	valkeystream.NackAfter(first, time.Hour)
+	second := next() // delivered while the first waits
+	g := gather(t, reg)
+	g.want(t, "valkeystream_subscriber_deferred", "subscriber=billing", 1)
+	g.want(t, "valkeystream_subscriber_retries_later_total", "subscriber=billing", 1)
+	valkeystream.Reject(second, errors.New("malformed"))
+	for sub.Stats().Acked < 1 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("acked %d, want 1", sub.Stats().Acked)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g = gather(t, reg)
+	g.want(t, "valkeystream_subscriber_deferred", "subscriber=billing", 0)
+	g.want(t, "valkeystream_subscriber_given_up_total", "subscriber=billing", 1)
+	g.want(t, "valkeystream_subscriber_retry_later_fallbacks_total", "subscriber=billing", 0)
+}

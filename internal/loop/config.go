@@ -42,6 +42,9 @@ type Deps struct {
 
 	Decode     DecodeFunc
 	DeadLetter DeadLetterFunc
+	// GiveUp deals with a message its handler gave up on; nil: such a
+	// Nack is a plain one.
+	GiveUp GiveUpFunc
 	// Delivered is told of each hand-over to a handler.
 	Delivered func(id string)
 	// NotForThisGroup, unless nil, is told of each entry acknowledged
@@ -122,13 +125,28 @@ type Counters struct {
 	Delivered, Acked, Nacked, Drained, Reclaimed atomic.Int64
 	MissingBodies, InvalidEntries, Faults        atomic.Int64
 	ReadAhead, InFlight                          atomic.Int64
-	NackWaits, NackWaitNanos                     atomic.Int64
+	Nacks                                        NackCounters
+}
+
+// NackCounters count what came of Nacks: the waits before a redelivery,
+// and the handlers' verdicts (valkeystream.RetryAfter and GiveUp).
+type NackCounters struct {
+	Waits, WaitNanos atomic.Int64
+	// RetriesLater counts Nacks whose entry was deferred; LaterFallbacks
+	// those that asked for it while the deferred set was full, and waited
+	// the Nack delay instead.
+	RetriesLater, LaterFallbacks atomic.Int64
+	// GivenUp counts entries given up on: dead-lettered (or logged) and
+	// acknowledged.
+	GivenUp atomic.Int64
+	// Deferred is a gauge: entries in the deferred sets.
+	Deferred atomic.Int64
 }
 
 // nackWaited counts a wait of d before a Nacked message is delivered again.
 func (c *Counters) nackWaited(d time.Duration) {
 	if d > 0 {
-		c.NackWaits.Add(1)
-		c.NackWaitNanos.Add(int64(d))
+		c.Nacks.Waits.Add(1)
+		c.Nacks.WaitNanos.Add(int64(d))
 	}
 }

@@ -34,6 +34,7 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
+		clearVerdict(msg)
 		msgCtx, cancel := context.WithCancel(msgBase)
 		msg.SetContext(msgCtx)
 		result := l.deliver(ctx, msg)
@@ -262,7 +263,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // hold beat while it holds entries, the reads sent ahead and the Acks on
 // their way.
 func (l *Group) arm(w *waits) {
-	w.flush, w.hold = l.acks.due(), l.hold.due(l.held.holding())
+	w.flush, w.hold = l.acks.due(), l.hold.due(l.held.holding() || l.later.len() > 0)
 	w.read, w.ackSent = l.ahead.trip.doneChan(), l.acks.sent()
 }
 

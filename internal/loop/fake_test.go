@@ -144,6 +144,9 @@ func (f *fakeServer) Send(ctx context.Context, t Trip) TripReply {
 	if len(t.HandBack) > 0 {
 		f.record("handback", t.HandBack)
 	}
+	for _, e := range t.Later {
+		f.record("handback-later", []string{e.ID + "@" + e.Idle.String()})
+	}
 	return r
 }
 
@@ -282,6 +285,7 @@ func testDeps(srv Server) Deps {
 			return message.NewMessage(e.ID, []byte(fmt.Sprint(e.Fields["payload"]))), nil
 		},
 		DeadLetter: func(context.Context, Entry, int64, error) error { return nil },
+		GiveUp:     func(context.Context, *message.Message, int64, string) error { return nil },
 	}
 }
 
@@ -300,6 +304,12 @@ func run(t *testing.T, cfg Config, srv Server, shared Waiter) (<-chan *message.M
 	if shared != nil {
 		deps.Shared = shared
 	}
+	return runWith(t, cfg, deps)
+}
+
+// runWith is run with deps of the test's own.
+func runWith(t *testing.T, cfg Config, deps Deps) (<-chan *message.Message, context.CancelFunc, <-chan struct{}) {
+	t.Helper()
 	out := make(chan *message.Message)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -94,6 +94,7 @@ func (l *FanOut) handle(ctx context.Context, m Entry) bool {
 			return true
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.Itoa(count))
+		clearVerdict(msg)
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
 		if l.deps.Delivered != nil {
@@ -108,6 +109,14 @@ func (l *FanOut) handle(ctx context.Context, m Entry) bool {
 			return false
 		}
 		counters.Nacked.Add(1)
+		if v := verdictOf(msg); v.giveUp {
+			// Nothing to dead-letter from or acknowledge: like an
+			// undecodable entry, it stays in the stream.
+			counters.Nacks.GivenUp.Add(1)
+			l.deps.Logger.Error("Message given up by its handler; skipped (it stays in the stream)", nil,
+				watermill.LogFields{"entry_id": m.ID, "message_uuid": msg.UUID, "reason": v.reason})
+			return true
+		}
 		delay := l.cfg.NackDelay(int64(count))
 		counters.nackWaited(delay)
 		if !sleep(ctx, delay) {

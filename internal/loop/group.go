@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +37,7 @@ type Group struct {
 	acks    acks
 	ahead   ahead
 	hold    holdBeat
+	later   later
 	nackLog logLimit
 	retries retries
 }
@@ -130,6 +132,7 @@ func NewGroup(cfg Config, deps Deps, out chan *message.Message) *Group {
 		pre:     newPrefetch(cfg.BatchSize, cfg.PrefetchWindow, cfg.ReadAheadBytes),
 		acks:    newAcks(cfg.AckFlushInterval, deps.Counters, deps.Logger),
 		hold:    newHoldBeat(cfg.ClaimMinIdle),
+		later:   newLater(int(cfg.BatchSize), &deps.Counters.Nacks.Deferred),
 		nackLog: logLimit{every: nackLogEvery},
 		retries: retries{faults: deps.Counters, logger: deps.Logger, health: deps.Health, failover: deps.Server.Failed},
 	}
@@ -158,6 +161,18 @@ func (l *Group) Run(ctx context.Context) {
 	msgBase := context.WithoutCancel(ctx)
 	counters := l.deps.Counters
 	for ctx.Err() == nil {
+		if l.later.len() > 0 && l.hold.until(time.Now()) == 0 {
+			// Between waits (a read was cut short for it, see untilDue):
+			// the deferred entries' hold is due.
+			l.keepHold(ctx)
+		}
+		if d, ok := l.dueLater(); ok {
+			// A deferred entry is due: it goes before anything queued.
+			if !l.comeBack(ctx, msgBase, d) {
+				return
+			}
+			continue
+		}
 		if len(l.held.queue) == 0 || l.plan.mustFetch() {
 			if err := l.fetch(ctx); err != nil {
 				if ctx.Err() != nil || !l.fault(ctx, "fetching entries", err) {
@@ -177,6 +192,15 @@ func (l *Group) Run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// dueLater takes the deferred entry due now, if any, unless the plan must
+// fetch first.
+func (l *Group) dueLater() (deferredEntry, bool) {
+	if l.plan.mustFetch() {
+		return deferredEntry{}, false
+	}
+	return l.later.take(time.Now())
 }
 
 // fetch runs the step the plan names. Acks waiting to be sent go first, so
@@ -246,6 +270,8 @@ func (l *Group) drain(ctx context.Context) error {
 		last = es[len(es)-1].ID
 	}
 	l.plan.drained(last)
+	// Deferred entries are pending here too: they stay deferred until due.
+	es = slices.DeleteFunc(es, func(e Entry) bool { return l.later.has(e.ID) })
 	if len(es) == 0 {
 		return nil
 	}
@@ -348,8 +374,12 @@ func (l *Group) readNew(ctx context.Context) error {
 	if shared != nil {
 		return l.readShared(ctx)
 	}
+	block, ok := l.untilDue(l.cfg.BlockTime)
+	if !ok {
+		return nil // a deferred entry is due
+	}
 	sent := time.Now()
-	es, err := l.deps.Server.Block(ctx, count, l.cfg.BlockTime)
+	es, err := l.deps.Server.Block(ctx, count, block)
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
@@ -369,7 +399,11 @@ func (l *Group) readShared(ctx context.Context) error {
 	if l.deps.Inherit != nil && l.deps.Inherit.Watching() {
 		wait = l.cfg.BlockTime // come back soon for what is moved (see inherit)
 	}
-	w, err := l.deps.Shared.Wait(ctx, l.pre.count(), wait)
+	d, ok := l.untilDue(wait)
+	if !ok {
+		return nil // a deferred entry is due
+	}
+	w, err := l.deps.Shared.Wait(ctx, l.pre.count(), d)
 	if err != nil {
 		return fmt.Errorf("reading new entries: %w", err)
 	}
@@ -396,6 +430,30 @@ func (l *Group) readShared(ctx context.Context) error {
 	return nil
 }
 
+// untilDue bounds a wait for new entries of d (for ever when negative) by
+// the time until the next deferred entry is due, or their hold beat is,
+// rounded up to the millisecond (a BLOCK's unit), and reports false when
+// one is due already: the loop does it instead of waiting. (Only deferred
+// entries are held while the loop waits for new ones.)
+func (l *Group) untilDue(d time.Duration) (time.Duration, bool) {
+	now := time.Now()
+	u := l.later.until(now)
+	if u < 0 {
+		return d, true
+	}
+	if h := l.hold.until(now); h >= 0 {
+		u = min(u, h)
+	}
+	u = (u + time.Millisecond - 1).Truncate(time.Millisecond)
+	if u == 0 {
+		return 0, false
+	}
+	if d < 0 {
+		return u, true
+	}
+	return min(d, u), true
+}
+
 // enqueueNew queues the entries of a read of new entries and returns how
 // many it read. An entry that the drain delivered already (the read reached
 // the server before it, see fetchPlan.seen) is not queued again. An entry
@@ -412,6 +470,7 @@ func (l *Group) enqueueNew(es []Entry) int {
 			count = 1 // a first delivery: the server's count is 1 by definition
 		}
 		l.held.push(entry{id: m.ID, fields: m.Fields, count: count})
+		l.later.forget(m.ID) // claimed inside the read: this delivery replaces the deferred one
 		l.pre.read(m.Fields)
 	}
 	if claimed > 0 {
@@ -474,6 +533,9 @@ func (l *Group) enqueueWithCounts(ctx context.Context, es []Entry) (int, error) 
 	}
 	kept := l.admit(entries, counts)
 	l.held.push(kept...)
+	for _, e := range kept {
+		l.later.forget(e.id) // claimed after its hold lapsed: this delivery replaces the deferred one
+	}
 	return len(kept), nil
 }
 
@@ -527,27 +589,29 @@ func (l *Group) leave() {
 		l.held.handBack(l.deps.Shared.Leave()...)
 	}
 	back := l.held.leave()
+	deferred := l.later.leave(time.Now(), l.cfg.ClaimMinIdle)
 	if !landed {
 		l.deps.Counters.Faults.Add(1)
 		l.deps.Logger.Error("Round trips on their way did not come back as the subscription ended; their Acks may not have reached the server (those entries are delivered again), and entries they read come back after ClaimMinIdle",
 			ctx.Err(), watermill.LogFields{"entries_to_hand_back": len(back), "acks_not_sent": l.acks.len()})
 	}
 	ids := l.acks.take()
-	if len(ids) == 0 && len(back) == 0 {
+	if len(ids) == 0 && len(back) == 0 && len(deferred) == 0 {
 		return
 	}
-	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back})
+	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back, Later: deferred})
 	l.acks.failed(l.acks.landed(ids, r))
-	if len(back) == 0 {
+	if len(back) == 0 && len(deferred) == 0 {
 		return
 	}
+	fields := watermill.LogFields{"entries": len(back), "deferred_entries": len(deferred)}
 	if r.BackErr != nil {
 		l.deps.Counters.Faults.Add(1)
 		l.deps.Logger.Error("Handing back entries no handler has failed; peers reclaim them after ClaimMinIdle",
-			r.BackErr, watermill.LogFields{"entries": len(back)})
+			r.BackErr, fields)
 		return
 	}
-	l.deps.Logger.Debug("Handed back entries no handler has", watermill.LogFields{"entries": len(back)})
+	l.deps.Logger.Debug("Handed back entries no handler has, and the deferred ones for when they are due", fields)
 }
 
 // tripsLanded waits until the round trips on their way, if any, have their

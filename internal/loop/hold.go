@@ -15,6 +15,7 @@ import (
 type holdBeat struct {
 	timer   *time.Timer
 	every   time.Duration
+	at      time.Time // when the scheduled beat is due
 	failing bool
 }
 
@@ -22,8 +23,26 @@ func newHoldBeat(claimMinIdle time.Duration) holdBeat {
 	return holdBeat{timer: stoppedTimer(), every: claimMinIdle / 3}
 }
 
-// start schedules the next beat one period from now.
-func (h *holdBeat) start() { h.timer.Reset(h.every) }
+// start schedules the next beat one period from now, unless one is
+// scheduled already: entries held since then get their hold kept sooner,
+// and a beat pushed back on every start might never come.
+func (h *holdBeat) start() {
+	now := time.Now()
+	if h.at.After(now) {
+		return
+	}
+	h.at = now.Add(h.every)
+	h.timer.Reset(h.every)
+}
+
+// until returns how long from now until the scheduled beat (0 when it is
+// due), or -1 when none is scheduled.
+func (h *holdBeat) until(now time.Time) time.Duration {
+	if h.at.IsZero() {
+		return -1
+	}
+	return max(h.at.Sub(now), 0)
+}
 
 // due returns the channel that fires when the held entries need their hold
 // kept, or nil when the loop holds nothing.
@@ -37,6 +56,7 @@ func (h *holdBeat) due(holding bool) <-chan time.Time {
 // kept records the end of a beat and schedules the next. It returns true
 // when err starts a streak of failures (the one to log).
 func (h *holdBeat) kept(err error) (firstFailure bool) {
+	h.at = time.Time{}
 	h.start()
 	if err == nil {
 		h.failing = false
@@ -48,16 +68,21 @@ func (h *holdBeat) kept(err error) (firstFailure bool) {
 }
 
 // stop stops the timer, for good.
-func (h *holdBeat) stop() { h.timer.Stop() }
+func (h *holdBeat) stop() {
+	h.timer.Stop()
+	h.at = time.Time{}
+}
 
-// keepHold resets the idle time of every entry the loop holds, so that no
-// peer reclaims an entry that is alive here. It drops from the queue any
-// entry that is no longer pending for this consumer, and any whose body is
-// gone from the stream (acknowledged and counted, never delivered). It
-// reports whether the entry in flight was found taken over by another
-// consumer.
+// keepHold resets the idle time of every entry the loop holds, deferred
+// ones included, so that no peer reclaims an entry that is alive here. It
+// drops from the queue and the deferred set any entry that is no longer
+// pending for this consumer, and any whose body is gone from the stream
+// (acknowledged and counted, never delivered). It reports whether the entry
+// in flight was found taken over by another consumer.
 func (l *Group) keepHold(ctx context.Context) (inFlightTaken bool) {
 	ids := l.held.ids()
+	held := len(ids)
+	ids = append(ids, l.later.ids()...)
 	if len(ids) == 0 {
 		return false
 	}
@@ -74,6 +99,10 @@ func (l *Group) keepHold(ctx context.Context) (inFlightTaken bool) {
 		l.deps.Counters.Faults.Add(1)
 		return false
 	}
+	for _, id := range l.later.keep(counts[held:]) {
+		l.reportMissing(id, true)
+	}
+	counts = counts[:held]
 	if l.held.inFlight != "" {
 		// A message the handler has stays with it either way; an Ack or a
 		// Nack settles what is left of it on the server.

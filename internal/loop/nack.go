@@ -16,12 +16,28 @@ const nackLogEvery = 10 * time.Second
 // it to deliver again, or nil when it is not this consumer's to deliver any
 // more. A Nacked entry comes back before any entry queued after it. It
 // returns false when the subscription ended.
+//
+// A message its handler gave up on is dead-lettered and acknowledged
+// instead (giveUp); one Nacked to come back after a delay of its own is
+// deferred (deferNack): the loop goes on with the next entries, and
+// delivers it again when it is due.
 func (l *Group) nacked(ctx context.Context, msg *message.Message, e entry) (*entry, bool) {
 	l.deps.Counters.Nacked.Add(1)
+	v := verdictOf(msg)
 	if ctx.Err() != nil {
-		// Nacked while the subscription ends: a peer takes it.
-		l.held.handBack(e.id)
+		// Nacked while the subscription ends: a peer takes it, when it is
+		// due if it was deferred.
+		if v.giveUp || v.after <= 0 || !l.deferNack(msg, e, v.after) {
+			l.held.handBack(e.id)
+		}
 		return nil, false
+	}
+	switch {
+	case v.giveUp && l.deps.GiveUp != nil:
+		l.giveUp(ctx, msg, e, v.reason)
+		return nil, true
+	case v.after > 0 && l.deferNack(msg, e, v.after):
+		return nil, true
 	}
 	delay := l.cfg.NackDelay(e.count)
 	l.deps.Counters.nackWaited(delay)
@@ -35,6 +51,12 @@ func (l *Group) nacked(ctx context.Context, msg *message.Message, e entry) (*ent
 	if !l.pause(ctx, delay) {
 		return nil, false
 	}
+	return l.claimBackRetrying(ctx, e)
+}
+
+// claimBackRetrying claims e back (see claimBack), retrying after faults.
+// It returns false when the subscription ended first.
+func (l *Group) claimBackRetrying(ctx context.Context, e entry) (*entry, bool) {
 	for {
 		next, err := l.claimBack(ctx, e)
 		if err == nil {

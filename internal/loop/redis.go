@@ -121,9 +121,12 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 		_ = pipe.Process(ctx, once)
 		asked += n
 	}
-	var back *redis.Cmd
+	var back []*redis.Cmd
 	if len(t.HandBack) > 0 {
-		back = pipe.Do(ctx, HandBackArgs(s.keys[0], s.opt.Group, s.opt.Consumer, t.HandBack)...)
+		back = append(back, pipe.Do(ctx, HandBackArgs(s.keys[0], s.opt.Group, s.opt.Consumer, t.HandBack)...))
+	}
+	for _, e := range t.Later {
+		back = append(back, pipe.Do(ctx, HandBackIdleArgs(s.keys[0], s.opt.Group, s.opt.Consumer, []string{e.ID}, e.Idle)...))
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var r TripReply
@@ -143,8 +146,8 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 	}
 	got = int64(len(r.Entries))
 	r.Full = len(reads) > 0 && r.ReadErr == nil && got == asked
-	if back != nil {
-		r.BackErr = back.Err()
+	for _, b := range back {
+		r.BackErr = errors.Join(r.BackErr, b.Err())
 	}
 	return r
 }
@@ -398,12 +401,20 @@ const handedBackIdle = 30 * 24 * time.Hour
 // consumer's own name with JUSTID, which leaves the delivery count alone, and
 // an idle time no peer waits longer than.
 func HandBackArgs(key, group, consumer string, ids []string) []any {
+	return HandBackIdleArgs(key, group, consumer, ids, handedBackIdle)
+}
+
+// HandBackIdleArgs is HandBackArgs with the idle time idle: a peer whose
+// claim threshold is ClaimMinIdle takes the entries ClaimMinIdle - idle
+// from now. (XCLAIM ... TIME in the future is clamped to now by the server,
+// so IDLE is the way to say when.)
+func HandBackIdleArgs(key, group, consumer string, ids []string, idle time.Duration) []any {
 	args := make([]any, 0, len(ids)+8)
 	args = append(args, "XCLAIM", key, group, consumer, 0)
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	return append(args, "IDLE", handedBackIdle.Milliseconds(), "JUSTID")
+	return append(args, "IDLE", idle.Milliseconds(), "JUSTID")
 }
 
 // CheckScripts queues on pipe a run of each server-side script of the loop

@@ -23,7 +23,7 @@ type Entry struct {
 type Server interface {
 	// Send makes one round trip of t: its Acks (XACK), its reads of new
 	// entries (XREADGROUP ... >, none of them blocking), its entries handed
-	// back, in that order. It is the only way an XACK leaves.
+	// back and its deferred entries handed back, in that order. It is the only way an XACK leaves.
 	Send(ctx context.Context, t Trip) TripReply
 	// Block reads up to count new entries, waiting up to block for the
 	// first, over a connection of its own that Interrupt can cut short.
@@ -60,6 +60,16 @@ type Trip struct {
 	Acks     []string
 	Reads    []int64 // the count of each read, sent in order
 	HandBack []string
+	// Later are deferred entries handed back, each with the idle time that
+	// makes a peer's claim take it when it is due.
+	Later []Later
+}
+
+// Later is a deferred entry handed back: XCLAIM ... IDLE <Idle> JUSTID on
+// this consumer's name (see HandBackArgs).
+type Later struct {
+	ID   string
+	Idle time.Duration
 }
 
 // TripReply is the outcome of a Trip.

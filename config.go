@@ -342,7 +342,9 @@ type SubscriberConfig struct {
 
 	// DelayedPollInterval is how often the Subscriber moves the due delayed
 	// messages of every topic it subscribes to into their streams, in one
-	// pipeline (see docs/delay.md): a delayed message is delivered within
+	// pipeline (see docs/delay.md), while one of them has delayed messages
+	// or had some within DelayedHotFor (otherwise see
+	// DelayedIdlePollInterval): a delayed message is delivered within
 	// about this long after it is due. A negative value turns moving off for this
 	// Subscriber; some other subscription of the topic must then run it.
 	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.

@@ -75,57 +75,80 @@ func idleSeconds(t *testing.T) time.Duration {
 // per DelayedIdlePollInterval, not on every DelayedPollInterval beat: the
 // server runs EXISTS about once a second and the move script never. The
 // figures (commands and server CPU per second, the mover's share) are
-// logged.
+// logged, beside those of a Subscriber with AlwaysPollDelayed.
 func TestIdleSubscriberChecksForDelayedMessagesRarely(t *testing.T) {
 	testserver.Parallel(t)
 	watch := idleSeconds(t)
 	for _, topics := range []int{1, 100} {
-		t.Run(fmt.Sprintf("%d topics", topics), func(t *testing.T) {
-			e := newEnv(t)
-			sub := e.subscriber("", "", func(c *valkeystream.SubscriberConfig) { c.Start = valkeystream.StartNew })
-			for i := range topics {
-				e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
+		for _, idle := range []time.Duration{0, valkeystream.AlwaysPollDelayed} {
+			name := fmt.Sprintf("%d topics, idle beat", topics)
+			if idle == valkeystream.AlwaysPollDelayed {
+				name = fmt.Sprintf("%d topics, AlwaysPollDelayed", topics)
 			}
-			waitUntil(t, "the subscriptions are ready", func() bool {
-				subs := sub.Subscriptions()
-				for _, s := range subs {
-					if !s.Ready {
-						return false
-					}
+			t.Run(name, func(t *testing.T) {
+				exists := idleCost(t, topics, idle, watch)
+				if idle == valkeystream.AlwaysPollDelayed {
+					return // the figures to compare with
 				}
-				return len(subs) == topics
+				// One check per DelayedIdlePollInterval, and one beat's slack.
+				want := int64(watch/valkeystream.DefaultDelayedIdlePollInterval) + 1
+				if exists > want {
+					t.Errorf("the idle mover ran EXISTS %d times in %s, want at most %d (one per DelayedIdlePollInterval, %s)",
+						exists, watch, want, valkeystream.DefaultDelayedIdlePollInterval)
+				}
 			})
-			time.Sleep(time.Second) // the first checks after Subscribe
-			before, cpuBefore := e.commandStats()
-			start := time.Now()
-			time.Sleep(watch)
-			after, cpuAfter := e.commandStats()
-			elapsed := time.Since(start).Seconds()
-
-			var calls, usec int64
-			for name, s := range after {
-				if name == "info" {
-					continue
-				}
-				calls += s.calls - before[name].calls
-				usec += s.usec - before[name].usec
-			}
-			exists := after["exists"].calls - before["exists"].calls
-			existsUsec := after["exists"].usec - before["exists"].usec
-			scripts := after["evalsha"].calls - before["evalsha"].calls + after["eval"].calls - before["eval"].calls
-			t.Logf("idle Subscriber, %d topics, %.1f s: all commands %.1f/s, %.1f µs/s in commands, server CPU %.0f µs/s; "+
-				"EXISTS %.1f/s (%.2f µs/s), scripts %.1f/s",
-				topics, elapsed, float64(calls)/elapsed, float64(usec)/elapsed, float64(cpuAfter-cpuBefore)/elapsed,
-				float64(exists)/elapsed, float64(existsUsec)/elapsed, float64(scripts)/elapsed)
-
-			// One check per DelayedIdlePollInterval, and one beat's slack.
-			want := int64(watch/valkeystream.DefaultDelayedIdlePollInterval) + 1
-			if exists > want {
-				t.Errorf("the idle mover ran EXISTS %d times in %s, want at most %d (one per DelayedIdlePollInterval, %s)",
-					exists, watch, want, valkeystream.DefaultDelayedIdlePollInterval)
-			}
-		})
+		}
 	}
+}
+
+// idleCost watches, for watch, a fan-out Subscriber of topics topics that
+// never see a delayed message, with DelayedIdlePollInterval idle; it logs
+// what the server did meanwhile and returns how many EXISTS it ran.
+func idleCost(t *testing.T, topics int, idle, watch time.Duration) int64 {
+	e := newEnv(t)
+	sub := e.subscriber("", "", func(c *valkeystream.SubscriberConfig) {
+		c.Start = valkeystream.StartNew
+		c.DelayedIdlePollInterval = idle
+	})
+	for i := range topics {
+		e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
+	}
+	waitUntil(t, "the subscriptions are ready", func() bool {
+		subs := sub.Subscriptions()
+		for _, s := range subs {
+			if !s.Ready {
+				return false
+			}
+		}
+		return len(subs) == topics
+	})
+	time.Sleep(time.Second) // the first rounds after Subscribe
+	before, cpuBefore := e.commandStats()
+	start := time.Now()
+	time.Sleep(watch)
+	after, cpuAfter := e.commandStats()
+	elapsed := time.Since(start).Seconds()
+
+	var calls, usec int64
+	for name, s := range after {
+		if name == "info" {
+			continue
+		}
+		calls += s.calls - before[name].calls
+		usec += s.usec - before[name].usec
+	}
+	exists := after["exists"].calls - before["exists"].calls
+	existsUsec := after["exists"].usec - before["exists"].usec
+	scripts := after["evalsha"].calls - before["evalsha"].calls + after["eval"].calls - before["eval"].calls
+	beat := "the idle beat"
+	if idle == valkeystream.AlwaysPollDelayed {
+		beat = "AlwaysPollDelayed"
+	}
+	t.Logf("idle Subscriber, %d topics, %s, %.1f s: all commands %.1f/s, %.1f µs/s in commands, server CPU %.0f µs/s; "+
+		"EXISTS %.1f/s (%.1f µs/s, %.1f µs each), scripts %.1f/s",
+		topics, beat, elapsed, float64(calls)/elapsed, float64(usec)/elapsed, float64(cpuAfter-cpuBefore)/elapsed,
+		float64(exists)/elapsed, float64(existsUsec)/elapsed, float64(existsUsec)/float64(max(exists, 1)), float64(scripts)/elapsed)
+	return exists
 }
 
 // storeDelayedElsewhere stores msg in the sorted set of topic, due after

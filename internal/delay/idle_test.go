@@ -58,7 +58,7 @@ func run(t *testing.T, m *Mover) {
 	})
 }
 
-// exists counts the EXISTS commands a client sends.
+// exists counts the EXISTS commands a client sent and got a reply to.
 func exists(client *redis.Client) *atomic.Int64 {
 	var n atomic.Int64
 	client.AddHook(hook(func(cmd redis.Cmder) {
@@ -152,24 +152,26 @@ func TestDelayedNotifyReachesTheMoversOfTheStream(t *testing.T) {
 	}
 }
 
-// hook is a go-redis hook that sees every command sent, alone or in a
-// pipeline.
+// hook is a go-redis hook that sees every command, alone or in a
+// pipeline, once its reply has come.
 type hook func(redis.Cmder)
 
 func (h hook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
 		h(cmd)
-		return next(ctx, cmd)
+		return err
 	}
 }
 
 func (h hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
 		for _, c := range cmds {
 			h(c)
 		}
-		return next(ctx, cmds)
+		return err
 	}
 }

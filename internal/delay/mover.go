@@ -124,6 +124,10 @@ func (m *Mover) Run(ctx context.Context) {
 			continue
 		case <-timer.C:
 		}
+		select {
+		case <-m.wake: // this round covers what the signal was about
+		default:
+		}
 		found := false
 		for again := m.due(time.Now()); len(again) > 0; {
 			var f bool

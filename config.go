@@ -85,6 +85,10 @@ const (
 	// NoCloseGrace, as SubscriberConfig.CloseGrace, ends a subscription
 	// without waiting for the message in a handler's hands.
 	NoCloseGrace time.Duration = -1
+	// AlwaysPollDelayed, as SubscriberConfig.DelayedIdlePollInterval, makes
+	// the Subscriber look for delayed messages every DelayedPollInterval
+	// even while none of its topics has any.
+	AlwaysPollDelayed time.Duration = -1
 	// NoDeadLetter, as SubscriberConfig.DeadLetterSuffix, turns the
 	// dead-lettering of undecodable entries off: such an entry is logged at
 	// Error level with its raw fields, counted and acknowledged.
@@ -344,11 +348,27 @@ type SubscriberConfig struct {
 
 	// DelayedPollInterval is how often the Subscriber moves the due delayed
 	// messages of every topic it subscribes to into their streams, in one
-	// pipeline (see docs/delay.md): a delayed message is delivered within
+	// pipeline (see docs/delay.md), while one of them has delayed messages
+	// or had some within DelayedHotFor (otherwise see
+	// DelayedIdlePollInterval): a delayed message is delivered within
 	// about this long after it is due. A negative value turns moving off for this
 	// Subscriber; some other subscription of the topic must then run it.
 	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.
 	DelayedPollInterval time.Duration
+	// DelayedIdlePollInterval is how often the Subscriber looks for
+	// delayed messages (one EXISTS per 200 topics) while none of its topics
+	// has had any for DelayedHotFor (a minute): it then looks every
+	// DelayedPollInterval again. A Publisher of this process that stores
+	// a delayed message makes the Subscribers of the process look at once;
+	// one of another process is seen within DelayedIdlePollInterval, so
+	// the first delayed message of a topic idle for a minute, stored by
+	// another process with a delay shorter than DelayedIdlePollInterval,
+	// may be moved up to DelayedIdlePollInterval minus its delay late
+	// (see docs/delay.md). AlwaysPollDelayed (-1) looks every
+	// DelayedPollInterval always. Otherwise at least DelayedPollInterval.
+	// Default: DefaultDelayedIdlePollInterval, or DelayedPollInterval if
+	// that is longer.
+	DelayedIdlePollInterval time.Duration
 	// CloseGrace is how long a subscription that ends (Close, or its
 	// Subscribe context cancelled) waits for the message in a handler's
 	// hands to be Acked or Nacked. Its context stays alive meanwhile, and an
@@ -431,6 +451,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.DelayedPollInterval == 0 {
 		c.DelayedPollInterval = DefaultDelayedPollInterval
 	}
+	if c.DelayedIdlePollInterval == 0 {
+		c.DelayedIdlePollInterval = max(DefaultDelayedIdlePollInterval, c.DelayedPollInterval)
+	}
 }
 
 // Validate reports the first problem with the configuration, as an error
@@ -472,6 +495,9 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: AckFlushInterval is %s: it must be positive, 0 (the default) or AckAtOnce (-1)", ErrInvalidConfig, c.AckFlushInterval)
 	case c.DelayedPollInterval >= 0 && c.DelayedPollInterval < time.Millisecond:
 		return fmt.Errorf("%w: DelayedPollInterval is %s: it must be at least 1ms, or negative to turn moving delayed messages off", ErrInvalidConfig, c.DelayedPollInterval)
+	case c.DelayedIdlePollInterval != AlwaysPollDelayed && c.DelayedPollInterval > 0 && c.DelayedIdlePollInterval < c.DelayedPollInterval:
+		return fmt.Errorf("%w: DelayedIdlePollInterval is %s: it must be at least DelayedPollInterval (%s), or AlwaysPollDelayed (-1) to look every DelayedPollInterval always",
+			ErrInvalidConfig, c.DelayedIdlePollInterval, c.DelayedPollInterval)
 	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
 		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
 			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)

@@ -195,12 +195,14 @@ func (d deadLetter) handlerGaveUp(ctx context.Context, msg *message.Message, err
 	if !ok {
 		reason = err.Error()
 	}
-	if perr := d.publish(ctx, msg, errors.New(reason)); perr != nil {
-		deadLetterCounts.publishFailures.Add(1)
+	o := deliveryOrigin(ctx, msg)
+	if perr := d.publish(ctx, msg, o, errors.New(reason)); perr != nil {
+		countDeadLetter(o, deadLetterPublishFailed)
 		delete(msg.Metadata, MetadataGiveUp)
 		return errors.Join(err, perr)
 	}
-	deadLetterCounts.published.Add(1)
+	countDeadLetter(o, deadLetterPublished)
+	markGivenUp(msg) // a Deduplicator around it must not mark it done (givenup.go)
 	return nil
 }
 
@@ -209,18 +211,19 @@ func (d deadLetter) handlerGaveUp(ctx context.Context, msg *message.Message, err
 // not be published, cause joined with why, so that msg is Nacked and comes
 // back.
 func (d deadLetter) giveUp(ctx context.Context, msg *message.Message, cause error) error {
-	if err := d.publish(ctx, msg, cause); err != nil {
-		deadLetterCounts.publishFailures.Add(1)
+	o := deliveryOrigin(ctx, msg)
+	if err := d.publish(ctx, msg, o, cause); err != nil {
+		countDeadLetter(o, deadLetterPublishFailed)
 		return errors.Join(cause, err)
 	}
-	deadLetterCounts.published.Add(1)
+	countDeadLetter(o, deadLetterPublished)
 	markGivenUp(msg) // a Deduplicator around it must not mark it done (givenup.go)
 	return nil
 }
 
-// publish publishes the dead letter of msg, which failed with cause.
-func (d deadLetter) publish(ctx context.Context, msg *message.Message, cause error) error {
-	o := deliveryOrigin(ctx, msg)
+// publish publishes the dead letter of msg, delivered from o, which failed
+// with cause.
+func (d deadLetter) publish(ctx context.Context, msg *message.Message, o origin, cause error) error {
 	topic := d.config.Topic
 	if topic == "" {
 		if o.topic == "" {
@@ -302,7 +305,7 @@ func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
 			}
 			o := deliveryOrigin(ctx, msg)
 			o.stamp(msg.Metadata, err.Error())
-			deadLetterCounts.marked.Add(1)
+			countDeadLetter(o, deadLetterMarked)
 			markGivenUp(msg) // the poison queue publishes it: not done (givenup.go)
 			return produced, fmt.Errorf("%w (delivery %s of message %s, limit %d): %w",
 				ErrDeliveryLimit, o.deliveryCount, msg.UUID, maxDeliveries, err)

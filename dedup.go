@@ -146,6 +146,10 @@ type DedupStats struct {
 	// letter, and its mark removed (counted in Released too) rather than
 	// marked done, so that a replay of the dead letter is handled.
 	GivenUp int64
+	// MarkFailures counts successful handlings whose done mark could not
+	// be written: the message was Acked all the same, and a duplicate of it
+	// would be handled again. They are counted in Faults too.
+	MarkFailures int64
 	// Faults counts failed calls to the server. A failure before the
 	// handler fails the delivery (it is Nacked); one after it is logged and
 	// leaves the handler's result as it was.
@@ -162,7 +166,7 @@ type Deduplicator struct {
 	prefix string       // dedupRunning and a random name of this Deduplicator
 	next   atomic.Int64 // numbers its handlings
 	stats  struct {
-		handled, marked, skipped, busy, released, lostMarks, faults, givenUp atomic.Int64
+		handled, marked, skipped, busy, released, lostMarks, markFailures, givenUp, faults atomic.Int64
 	}
 }
 
@@ -189,14 +193,15 @@ func (d *Deduplicator) token() string {
 func (d *Deduplicator) Stats() DedupStats {
 	s := &d.stats
 	return DedupStats{
-		Handled:   s.handled.Load(),
-		Marked:    s.marked.Load(),
-		Skipped:   s.skipped.Load(),
-		Busy:      s.busy.Load(),
-		Released:  s.released.Load(),
-		LostMarks: s.lostMarks.Load(),
-		GivenUp:   s.givenUp.Load(),
-		Faults:    s.faults.Load(),
+		Handled:      s.handled.Load(),
+		Marked:       s.marked.Load(),
+		Skipped:      s.skipped.Load(),
+		Busy:         s.busy.Load(),
+		Released:     s.released.Load(),
+		LostMarks:    s.lostMarks.Load(),
+		MarkFailures: s.markFailures.Load(),
+		GivenUp:      s.givenUp.Load(),
+		Faults:       s.faults.Load(),
 	}
 }
 
@@ -320,6 +325,7 @@ func (d *Deduplicator) markDone(ctx context.Context, msg *message.Message, key, 
 	ours, err := markDoneScript.Run(context.WithoutCancel(ctx), d.config.Client, []string{key}, token, d.config.Window.Milliseconds()).Int()
 	if err != nil {
 		d.stats.faults.Add(1)
+		d.stats.markFailures.Add(1)
 		d.logger.Error("Could not mark a handled message done; a duplicate of it would be handled again", err,
 			watermill.LogFields{"message_uuid": msg.UUID, "key": key})
 		return

@@ -37,6 +37,15 @@ import (
 // messages of its topics that are due into their streams.
 const DefaultDelayedPollInterval = 100 * time.Millisecond
 
+// DefaultDelayedIdlePollInterval is how often a Subscriber none of whose
+// topics has had delayed messages for DelayedHotFor looks for some.
+const DefaultDelayedIdlePollInterval = time.Second
+
+// DelayedHotFor is how long after a Subscriber last found delayed messages
+// waiting for one of its topics it keeps looking every DelayedPollInterval,
+// before it looks only every DelayedIdlePollInterval.
+const DelayedHotFor = delayed.HotFor
+
 // delayedSuffix ends the key of the sorted set of delayed messages of a
 // stream key without a hash tag, and delayedTaggedSuffix that of one with a
 // hash tag. They differ so that two streams never share a sorted set: the
@@ -214,6 +223,7 @@ func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan d
 		return fail(fmt.Errorf("storing %d delayed messages in %q (and %d due now in %q): %w",
 			plan.delayed, delayedKey, len(msgs)-plan.delayed, key, err))
 	}
+	delayed.Notify(key) // the Subscribers of this process look at once
 	return nil
 }
 
@@ -289,6 +299,7 @@ func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logField
 		m.mover = delayed.NewMover(delayed.Config{
 			Client:  s.config.Client,
 			Every:   every,
+			Idle:    max(s.config.DelayedIdlePollInterval, 0),
 			Faults:  &s.stats.Faults,
 			Backoff: loop.Backoff,
 		})

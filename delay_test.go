@@ -146,6 +146,36 @@ func TestDelayedPollIntervalValidate(t *testing.T) {
 	}
 }
 
+func TestDelayedIdlePollIntervalValidate(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	for _, tc := range []struct {
+		poll, idle time.Duration
+		ok         bool
+	}{
+		{0, 0, true},
+		{0, valkeystream.AlwaysPollDelayed, true},
+		{0, valkeystream.DefaultDelayedPollInterval, true},
+		{0, time.Hour, true},
+		{0, valkeystream.DefaultDelayedPollInterval - 1, false},
+		{0, -2, false},
+		{5 * time.Second, 0, true}, // the default follows a longer DelayedPollInterval
+		{5 * time.Second, time.Second, false},
+		{-1, time.Nanosecond, true}, // moving is off: not used
+	} {
+		_, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+			Client: e.client, Start: valkeystream.StartNew, DelayedPollInterval: tc.poll, DelayedIdlePollInterval: tc.idle,
+		}, nil)
+		if tc.ok != (err == nil) {
+			t.Errorf("DelayedPollInterval %s, DelayedIdlePollInterval %s: error %v, want ok=%t", tc.poll, tc.idle, err, tc.ok)
+		}
+		if err != nil {
+			assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
+			assert.ErrorContains(t, err, "DelayedIdlePollInterval")
+		}
+	}
+}
+
 // A mover that fails (its sorted set key holds another type) counts each
 // failure, logs the streak once, backs off, and resumes once the key is
 // fixed.

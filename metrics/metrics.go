@@ -1,6 +1,7 @@
-// Package metrics exports the counters of valkeystream Subscribers and
-// Publishers, and the state of their streams and consumer groups on the
-// server, as Prometheus metrics.
+// Package metrics exports the counters of valkeystream Subscribers,
+// Publishers, Deduplicators and dead-letter middlewares, and the state of
+// their streams, delayed messages and consumer groups on the server, as
+// Prometheus metrics.
 //
 // A [Collector] is a prometheus.Collector: register it with a registry and
 // tell it what to report.
@@ -9,6 +10,7 @@
 //	...
 //	c.AddSubscriber("billing", sub) // its counters, and its streams and groups on the server
 //	c.AddPublisher("orders", pub)
+//	c.AddDeduplicator("billing", dedup)
 //	prometheus.MustRegister(c)
 //
 // Counters are read when Prometheus scrapes. The server is sampled at most
@@ -118,6 +120,7 @@ type Collector struct {
 	mu          sync.Mutex // guards the registrations below
 	subscribers map[string]*valkeystream.Subscriber
 	publishers  map[string]*valkeystream.Publisher
+	dedups      map[string]*valkeystream.Deduplicator
 	watched     map[target]bool
 
 	server sampler
@@ -139,6 +142,7 @@ func NewCollector(config Config) (*Collector, error) {
 		config:      config,
 		subscribers: map[string]*valkeystream.Subscriber{},
 		publishers:  map[string]*valkeystream.Publisher{},
+		dedups:      map[string]*valkeystream.Deduplicator{},
 		watched:     map[target]bool{},
 		ages:        newAges(config.DeliveryAgeBuckets),
 	}
@@ -174,6 +178,18 @@ func (c *Collector) AddPublisher(name string, p *valkeystream.Publisher) error {
 	return nil
 }
 
+// AddDeduplicator reports the counters of d (Deduplicator.Stats) under the
+// label deduplicator=name. Each name may be used once.
+func (c *Collector) AddDeduplicator(name string, d *valkeystream.Deduplicator) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.dedups[name]; taken {
+		return fmt.Errorf("valkeystream metrics: a deduplicator named %q is registered already: give each a name of its own", name)
+	}
+	c.dedups[name] = d
+	return nil
+}
+
 // WatchGroup samples a stream key and one of its consumer groups on the
 // server, whether or not a Subscriber of this process reads it.
 func (c *Collector) WatchGroup(stream, group string) {
@@ -191,6 +207,7 @@ func (c *Collector) WatchStream(stream string) {
 var (
 	labelSubscriber   = []string{"subscriber"}
 	labelPublisher    = []string{"publisher"}
+	labelDedup        = []string{"deduplicator"}
 	labelSubscription = []string{"subscriber", "stream", "group", "consumer"}
 	labelStream       = []string{"stream"}
 	labelGroup        = []string{"stream", "group"}
@@ -231,12 +248,31 @@ var subscriberGauges = []struct {
 	{desc("subscriber_in_flight", "Messages taken from the queues and not settled yet: being handed over, in a handler, or waiting to be delivered again after a Nack.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InFlight }},
 }
 
-// The counters of the dead-letter middlewares of the process
-// (valkeystream.DeadLetterCounts).
+// The counters of the dead-letter middlewares of the process, in total
+// (valkeystream.DeadLetterCounts) and by the stream and group the messages
+// came from (valkeystream.DeadLetterCountsBySource).
 var (
 	descMiddlewareDeadLettered = desc("middleware_dead_lettered_total", "Messages given up by the DeadLetter middleware (published to the dead-letter topic) or the DeliveryLimit middleware (marked for a poison queue), in this process.", []string{"middleware"})
 	descMiddlewareDeadFailures = desc("middleware_dead_letter_failures_total", "Dead letters the DeadLetter middleware could not publish (the message was Nacked), in this process.", nil)
+
+	descDeadLetteredBySource = desc("middleware_dead_lettered_by_source_total", "Messages given up by the DeadLetter or DeliveryLimit middleware in this process, by the stream and consumer group they were delivered from.", []string{"middleware", "stream", "group"})
+	descDeadFailuresBySource = desc("middleware_dead_letter_failures_by_source_total", "Dead letters the DeadLetter middleware could not publish in this process, by the stream and consumer group the messages were delivered from.", []string{"stream", "group"})
 )
+
+// dedupCounters are the counters of valkeystream.DedupStats, in order.
+var dedupCounters = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.DedupStats) int64
+}{
+	{desc("dedup_handled_total", "Deliveries the Deduplicator let run the handler.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Handled }},
+	{desc("dedup_marked_total", "Handlings that succeeded and were marked done.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Marked }},
+	{desc("dedup_skipped_total", "Duplicates of a message marked done: Acked without calling the handler.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Skipped }},
+	{desc("dedup_busy_total", "Deliveries Nacked because another handling of the message held its in-progress mark past BusyWait.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Busy }},
+	{desc("dedup_released_total", "Handlings that failed: their in-progress mark was removed so that the redelivery runs.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Released }},
+	{desc("dedup_lost_marks_total", "Successful handlings whose in-progress mark had expired or been replaced before they ended: a duplicate may have run meanwhile.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.LostMarks }},
+	{desc("dedup_mark_failures_total", "Successful handlings whose done mark could not be written: a duplicate of the message would be handled again.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.MarkFailures }},
+	{desc("dedup_faults_total", "Failed calls of the Deduplicator to the server.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Faults }},
+}
 
 var publisherCounters = []struct {
 	desc *prometheus.Desc
@@ -256,15 +292,17 @@ var (
 	descReady   = desc("subscription_ready", "1 once the subscription has started reading (its group door has passed).", labelSubscription)
 	descFailing = desc("subscription_failing_seconds", "How long the subscription's calls to the server have been failing; 0 when the last one succeeded.", labelSubscription)
 
-	descLength      = desc("stream_length", "Entries in the stream (XLEN).", labelStream)
-	descDeadLetters = desc("dead_letters", "Entries in the stream's dead-letter stream.", labelStream)
-	descLag         = desc("group_lag", "Entries of the stream the group has not read yet; absent when the server cannot tell.", labelGroup)
-	descPending     = desc("group_pending", "Entries read by the group and not acknowledged.", labelGroup)
-	descOldest      = desc("group_oldest_pending_age_seconds", "Age of the oldest pending entry, from its id to the server's clock; 0 when none is pending.", labelGroup)
-	descMaxCount    = desc("group_max_deliveries", "Highest delivery count among the oldest pending entries (up to MaxPendingScan of them).", labelGroup)
-	descConsumers   = desc("group_consumers", "Consumers in the group.", labelGroup)
-	descCPending    = desc("consumer_pending", "Entries pending for the consumer.", labelConsumer)
-	descCIdle       = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
+	descLength         = desc("stream_length", "Entries in the stream (XLEN).", labelStream)
+	descDeadLetters    = desc("dead_letters", "Entries in the stream's dead-letter stream.", labelStream)
+	descDelayed        = desc("delayed_messages", "Delayed messages waiting in the sorted set beside the stream (ZCARD).", labelStream)
+	descDelayedOverdue = desc("delayed_overdue_seconds", "How long the earliest delayed message of the stream has been due without being moved into it, by the server's clock; 0 when none is due.", labelStream)
+	descLag            = desc("group_lag", "Entries of the stream the group has not read yet; absent when the server cannot tell.", labelGroup)
+	descPending        = desc("group_pending", "Entries read by the group and not acknowledged.", labelGroup)
+	descOldest         = desc("group_oldest_pending_age_seconds", "Age of the oldest pending entry, from its id to the server's clock; 0 when none is pending.", labelGroup)
+	descMaxCount       = desc("group_max_deliveries", "Highest delivery count among the oldest pending entries (up to MaxPendingScan of them).", labelGroup)
+	descConsumers      = desc("group_consumers", "Consumers in the group.", labelGroup)
+	descCPending       = desc("consumer_pending", "Entries pending for the consumer.", labelConsumer)
+	descCIdle          = desc("consumer_idle_seconds", "Time since the consumer last read or claimed.", labelConsumer)
 
 	descSubscriberVerbs = desc("subscriber_verbs_info", "1, labelled with the stream verbs newer than Redis 6.2's the subscriptions use (docs/server-verbs.md): baseline, or a list such as claim-in-read,ackdel; absent until the first group Subscribe asked the server.", []string{"subscriber", "verbs"})
 	descPublisherVerbs  = desc("publisher_verbs_info", "1, labelled with the stream verbs newer than Redis 6.2's the Publisher uses (docs/server-verbs.md); absent until a Publish needed to ask the server (IdempotentWindow, Retention).", []string{"publisher", "verbs"})
@@ -288,9 +326,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, p := range publisherCounters {
 		ch <- p.desc
 	}
+	for _, d := range dedupCounters {
+		ch <- d.desc
+	}
 	for _, d := range []*prometheus.Desc{descRunning, descReady, descFailing, descLength, descDeadLetters, descLag,
 		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors,
-		descMiddlewareDeadLettered, descMiddlewareDeadFailures} {
+		descMiddlewareDeadLettered, descMiddlewareDeadFailures, descDeadLetteredBySource, descDeadFailuresBySource,
+		descDelayed, descDelayedOverdue} {
 		ch <- d
 	}
 	c.ages.vec.Describe(ch)
@@ -306,6 +348,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	pubs := make(map[string]*valkeystream.Publisher, len(c.publishers))
 	for n, p := range c.publishers {
 		pubs[n] = p
+	}
+	dedups := make(map[string]*valkeystream.Deduplicator, len(c.dedups))
+	for n, d := range c.dedups {
+		dedups[n] = d
 	}
 	targets := make(map[target]bool, len(c.watched))
 	for t := range c.watched {
@@ -353,6 +399,17 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadLettered, prometheus.CounterValue, float64(dead.Published), "DeadLetter")
 	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadLettered, prometheus.CounterValue, float64(dead.Marked), "DeliveryLimit")
 	ch <- prometheus.MustNewConstMetric(descMiddlewareDeadFailures, prometheus.CounterValue, float64(dead.PublishFailures))
+	for source, dead := range valkeystream.DeadLetterCountsBySource() {
+		ch <- prometheus.MustNewConstMetric(descDeadLetteredBySource, prometheus.CounterValue, float64(dead.Published), "DeadLetter", source.Stream, source.Group)
+		ch <- prometheus.MustNewConstMetric(descDeadLetteredBySource, prometheus.CounterValue, float64(dead.Marked), "DeliveryLimit", source.Stream, source.Group)
+		ch <- prometheus.MustNewConstMetric(descDeadFailuresBySource, prometheus.CounterValue, float64(dead.PublishFailures), source.Stream, source.Group)
+	}
+	for name, d := range dedups {
+		stats := d.Stats()
+		for _, dc := range dedupCounters {
+			ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(dc.get(stats)), name)
+		}
+	}
 	c.ages.vec.Collect(ch)
 	if c.config.Client != nil {
 		c.server.collect(ch, targets)

@@ -310,3 +310,73 @@ func TestMiddlewareDeadLetters(t *testing.T) {
 		}
 	}
 }
+
+// The dead-letter counters by the stream and group the messages came from:
+// one source with a published dead letter, one that could not be
+// published and one marked for a poison queue; another source with one
+// dead letter; the totals grow by the sum.
+func TestMiddlewareDeadLettersBySource(t *testing.T) {
+	srv := testserver.Start(t)
+	client := newClient(t, srv)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reg := register(t, metrics.Config{})
+	before := gather(t, reg)
+
+	orders, payments := "orders-"+watermill.NewShortUUID(), "payments-"+watermill.NewShortUUID()
+	failing := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("always fails") }
+	delivered := func(stream, group string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte("p"))
+		m.Metadata.Set(valkeystream.MetadataDeliveryCount, "3")
+		m.Metadata.Set(valkeystream.MetadataStream, stream)
+		m.Metadata.Set(valkeystream.MetadataGroup, group)
+		return m
+	}
+	toTopic, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: 3, Topic: "dead"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noTopic, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{Publisher: pub, MaxDeliveries: 3}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := valkeystream.DeliveryLimit(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := toTopic(failing)(delivered(orders, "billing")); err != nil {
+		t.Fatalf("dead letter not published: %v", err)
+	}
+	if _, err := noTopic(failing)(delivered(orders, "billing")); err == nil {
+		t.Fatal("a dead letter without a topic was published")
+	}
+	if _, err := limit(failing)(delivered(orders, "billing")); !errors.Is(err, valkeystream.ErrDeliveryLimit) {
+		t.Fatalf("DeliveryLimit returned %v, want ErrDeliveryLimit", err)
+	}
+	if _, err := toTopic(failing)(delivered(payments, "")); err != nil {
+		t.Fatalf("dead letter not published: %v", err)
+	}
+
+	after := gather(t, reg)
+	const bySource, failures = "valkeystream_middleware_dead_lettered_by_source_total", "valkeystream_middleware_dead_letter_failures_by_source_total"
+	after.want(t, bySource, "group=billing,middleware=DeadLetter,stream="+orders, 1)
+	after.want(t, bySource, "group=billing,middleware=DeliveryLimit,stream="+orders, 1)
+	after.want(t, failures, "group=billing,stream="+orders, 1)
+	after.want(t, bySource, "group=,middleware=DeadLetter,stream="+payments, 1)
+	after.want(t, bySource, "group=,middleware=DeliveryLimit,stream="+payments, 0)
+	after.want(t, failures, "group=,stream="+payments, 0)
+	for _, tc := range []struct {
+		name, labels string
+		want         float64
+	}{
+		{"valkeystream_middleware_dead_lettered_total", "middleware=DeadLetter", 2},
+		{"valkeystream_middleware_dead_lettered_total", "middleware=DeliveryLimit", 1},
+		{"valkeystream_middleware_dead_letter_failures_total", "", 1},
+	} {
+		if got := after[tc.name][tc.labels] - before[tc.name][tc.labels]; got != tc.want {
+			t.Errorf("%s{%s} grew by %v, want %v", tc.name, tc.labels, got, tc.want)
+		}
+	}
+}

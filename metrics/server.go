@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
@@ -45,6 +46,13 @@ func (s *sampler) collect(ch chan<- prometheus.Metric, targets map[target]bool) 
 	ch <- prometheus.MustNewConstMetric(descSampleErrors, prometheus.CounterValue, s.errors)
 }
 
+// delayedCmds are the replies about the sorted set of a stream's delayed
+// messages; none for a stream that cannot have one.
+type delayedCmds struct {
+	count    *redis.IntCmd
+	earliest *redis.ZSliceCmd
+}
+
 // groupCmds are the replies about one group.
 type groupCmds struct {
 	stream, group string
@@ -71,11 +79,18 @@ func (s *sampler) sample(targets map[target]bool) {
 	lengths := make([]*redis.IntCmd, len(streams))
 	deads := make([]*redis.IntCmd, len(streams))
 	infos := make([]*redis.XInfoGroupsCmd, len(streams))
+	delayed := make([]delayedCmds, len(streams))
 	var perGroup []groupCmds
 	for i, stream := range streams {
 		lengths[i] = pipe.XLen(ctx, stream)
 		deads[i] = pipe.XLen(ctx, stream+s.config.DeadLetterSuffix)
 		infos[i] = pipe.XInfoGroups(ctx, stream)
+		if key, err := valkeystream.DelayedKey(stream); err == nil {
+			delayed[i] = delayedCmds{
+				count:    pipe.ZCard(ctx, key),
+				earliest: pipe.ZRangeWithScores(ctx, key, 0, 0),
+			}
+		}
 		for _, g := range groups[stream] {
 			perGroup = append(perGroup, groupCmds{
 				stream: stream, group: g,
@@ -125,6 +140,18 @@ func (s *sampler) sample(targets map[target]bool) {
 		}
 		if n, err := deads[i].Result(); ok(err) {
 			gauge(descDeadLetters, float64(n), stream)
+		}
+		if d := delayed[i]; d.count != nil {
+			n, err := d.count.Result()
+			earliest, errEarliest := d.earliest.Result()
+			if ok(err) && ok(errEarliest) {
+				gauge(descDelayed, float64(n), stream)
+				overdue := 0.0
+				if len(earliest) > 0 {
+					overdue = max(0, now.Sub(time.UnixMilli(int64(earliest[0].Score))).Seconds())
+				}
+				gauge(descDelayedOverdue, overdue, stream)
+			}
 		}
 		if gs, err := infos[i].Result(); ok(err) {
 			for _, g := range gs {

@@ -50,10 +50,12 @@ return out
 `)
 
 // result is the move of one stream: how many messages it moved, or why it
-// failed.
+// failed, and whether it, or another stream of its call, had a sorted set
+// (or the server could not say).
 type result struct {
 	moved int
 	err   error
+	found bool
 }
 
 // runMoves moves the due messages of topics through client and returns, by
@@ -86,12 +88,15 @@ func runMoves(ctx context.Context, client redis.UniversalClient, topics []*topic
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var todo []int        // the calls to run
+	out := make([]result, len(topics))
 	for i, c := range exists {
 		if n, err := c.Result(); err != nil || n > 0 {
 			todo = append(todo, i)
+			for j := range calls[i] {
+				out[i*perCall+j].found = true
+			}
 		}
 	}
-	out := make([]result, len(topics))
 	// send runs the script for the calls todo and returns those that the
 	// server refused for not having it.
 	send := func(todo []int, eval bool) (noScript []int) {
@@ -113,7 +118,10 @@ func runMoves(ctx context.Context, client redis.UniversalClient, topics []*topic
 			if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
 				noScript = append(noScript, c)
 			}
-			copy(out[c*perCall:], parseMoves(cmds[i], len(calls[c])))
+			for j, r := range parseMoves(cmds[i], len(calls[c])) {
+				r.found = true
+				out[c*perCall+j] = r
+			}
 		}
 		return noScript
 	}

@@ -13,15 +13,21 @@ import (
 )
 
 // Config is what a Mover needs from the Subscriber it moves for. Every
-// field is required.
+// field but Idle is required.
 type Config struct {
 	// Client is the Subscriber's client. On a *redis.Client one script
 	// call moves many streams; on any other, whose keys may lie in
 	// different cluster slots, one call moves one stream.
 	Client redis.UniversalClient
 	// Every is the beat: how long Run waits before its first round of
-	// moves, and after each round before the next. Positive.
+	// moves, and after each round before the next while one of its streams
+	// has delayed messages, or had some within HotFor. Positive.
 	Every time.Duration
+	// Idle is the beat otherwise: while no round has found a sorted set of
+	// any of its streams for HotFor, a round runs every Idle. A stream
+	// added, or a Notify of one of its streams, brings the next round
+	// within Every. Zero, or at most Every: always Every.
+	Idle time.Duration
 	// Faults counts the failed moves of a stream.
 	Faults *atomic.Int64
 	// Backoff returns how long a stream waits, counted from the failed
@@ -36,10 +42,16 @@ type Config struct {
 // subscription. A stream registered several times is moved once per beat.
 type Mover struct {
 	config Config
+	wake   chan struct{} // a stream was added or notified: the next round within Every
 
-	mu     sync.Mutex
-	topics map[string]*topic // by stream key
+	mu       sync.Mutex
+	topics   map[string]*topic // by stream key
+	hotUntil time.Time         // rounds every Every until then, then every Idle
 }
+
+// HotFor is how long after a round last found a sorted set of one of its
+// streams a Mover keeps its beat at Every.
+const HotFor = time.Minute
 
 // topic is one registered stream of a Mover.
 type topic struct {
@@ -52,7 +64,7 @@ type topic struct {
 
 // NewMover returns a Mover with no streams; Run moves them.
 func NewMover(config Config) *Mover {
-	return &Mover{config: config, topics: map[string]*topic{}}
+	return &Mover{config: config, topics: map[string]*topic{}, wake: make(chan struct{}, 1)}
 }
 
 // Add has the Mover move the due delayed messages of the sorted set
@@ -67,36 +79,88 @@ func (m *Mover) Add(ctx context.Context, key, delayedKey string, logger watermil
 		m.topics[key] = t
 	}
 	t.subs++
+	local.add(key, m)
 	context.AfterFunc(ctx, func() {
+		local.remove(key, m)
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if t.subs--; t.subs == 0 {
 			delete(m.topics, key)
 		}
 	})
+	m.signal() // its due messages move within a beat, not an idle one
+}
+
+// signal brings the next round within Every.
+func (m *Mover) signal() {
+	select {
+	case m.wake <- struct{}{}:
+	default: // a signal is pending already
+	}
 }
 
 // Run moves the due messages of every registered stream every beat until
 // ctx ends. A stream whose move failed is logged (once per streak of
 // failures) and counted, and its next move waits a backoff; a stream whose
 // move filled a batch is moved again at once.
+//
+// While none of its streams has had a sorted set for HotFor, a round runs
+// every Idle instead of every Every, and costs one EXISTS per call (see
+// runMoves); a stream added or notified brings the next round within Every.
 func (m *Mover) Run(ctx context.Context) {
-	timer := time.NewTimer(m.config.Every)
+	every := m.config.Every
+	timer := time.NewTimer(every)
 	defer timer.Stop()
+	next := time.Now().Add(every) // when the timer fires
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-m.wake:
+			if soon := time.Now().Add(every); soon.Before(next) {
+				timer.Reset(every)
+				next = soon
+			}
+			continue
 		case <-timer.C:
 		}
+		select {
+		case <-m.wake: // this round covers what the signal was about
+		default:
+		}
+		found := false
 		for again := m.due(time.Now()); len(again) > 0; {
-			again = m.moveOnce(ctx, again)
+			var f bool
+			again, f = m.moveOnce(ctx, again)
+			found = found || f
 			if ctx.Err() != nil {
 				return
 			}
 		}
-		timer.Reset(m.config.Every)
+		wait := m.beat(time.Now(), found)
+		timer.Reset(wait)
+		next = time.Now().Add(wait)
 	}
+}
+
+// beat records a round at now that found a sorted set or not, and returns
+// how long to wait before the next one.
+func (m *Mover) beat(now time.Time, found bool) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if found {
+		m.hotUntil = now.Add(HotFor)
+	}
+	return beat(m.config.Every, m.config.Idle, now, m.hotUntil)
+}
+
+// beat returns the wait before the next round at now: every while the
+// Mover is hot (until hotUntil), else idle, unless idle is not longer.
+func beat(every, idle time.Duration, now, hotUntil time.Time) time.Duration {
+	if idle <= every || now.Before(hotUntil) {
+		return every
+	}
+	return idle
 }
 
 // due returns the streams to move at now: all but those backing off.
@@ -113,14 +177,15 @@ func (m *Mover) due(now time.Time) []*topic {
 }
 
 // moveOnce moves the due messages of topics in one pipeline, and returns
-// those that filled a batch (more may be due).
-func (m *Mover) moveOnce(ctx context.Context, topics []*topic) (again []*topic) {
+// those that filled a batch (more may be due), and whether any of them had
+// a sorted set (or could not be asked).
+func (m *Mover) moveOnce(ctx context.Context, topics []*topic) (again []*topic, found bool) {
 	var results []result
 	// The wait ends with ctx whatever the client's options (see
 	// internal/bounded), so that Close is never held up by a move the
 	// network holds up; the moves are atomic, each runs whole or not.
 	if bounded.Call(ctx, func() { results = runMoves(ctx, m.config.Client, topics) }) != nil || ctx.Err() != nil {
-		return nil
+		return nil, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -128,6 +193,7 @@ func (m *Mover) moveOnce(ctx context.Context, topics []*topic) (again []*topic) 
 	now := time.Now()
 	for i, t := range topics {
 		moved, err := results[i].moved, results[i].err
+		found = found || results[i].found
 		if err != nil {
 			t.failures++
 			m.config.Faults.Add(1)
@@ -151,5 +217,5 @@ func (m *Mover) moveOnce(ctx context.Context, topics []*topic) (again []*topic) 
 			again = append(again, t)
 		}
 	}
-	return again
+	return again, found
 }

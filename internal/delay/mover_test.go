@@ -146,7 +146,7 @@ func TestDelayedMoverMovesDueEntriesEarliestFirst(t *testing.T) {
 		wait(t, client, "{b}:delayed", 1, "n", i)
 	}
 
-	again := m.moveOnce(t.Context(), m.due(time.Now()))
+	again, _ := m.moveOnce(t.Context(), m.due(time.Now()))
 	if len(again) != 1 || again[0].keys[1] != "b" {
 		t.Fatalf("handed back %d streams, want b alone (it filled a batch)", len(again))
 	}
@@ -160,7 +160,7 @@ func TestDelayedMoverMovesDueEntriesEarliestFirst(t *testing.T) {
 	if n := count(t, client.XLen, "b"); n != moveBatch {
 		t.Fatalf("stream b holds %d entries after one move, want %d", n, moveBatch)
 	}
-	if again := m.moveOnce(t.Context(), again); len(again) != 0 {
+	if again, _ := m.moveOnce(t.Context(), again); len(again) != 0 {
 		t.Fatalf("handed back %d streams after the rest of b, want none", len(again))
 	}
 	if n, left := count(t, client.XLen, "b"), count(t, client.ZCard, "{b}:delayed"); n != moveBatch+1 || left != 0 {

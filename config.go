@@ -348,22 +348,22 @@ type SubscriberConfig struct {
 
 	// DelayedPollInterval is how often the Subscriber moves the due delayed
 	// messages of every topic it subscribes to into their streams, in one
-	// pipeline (see docs/delay.md), while one of them has delayed messages
-	// or had some within DelayedHotFor (otherwise see
+	// pipeline (see docs/delay.md), once the Subscriber has found delayed
+	// messages of one of its topics (before that, see
 	// DelayedIdlePollInterval): a delayed message is delivered within
 	// about this long after it is due. A negative value turns moving off for this
 	// Subscriber; some other subscription of the topic must then run it.
 	// Otherwise at least 1ms. Default: DefaultDelayedPollInterval.
 	DelayedPollInterval time.Duration
 	// DelayedIdlePollInterval is how often the Subscriber looks for
-	// delayed messages (one EXISTS per 200 topics) while none of its topics
-	// has had any for DelayedHotFor (a minute): it then looks every
-	// DelayedPollInterval again. A Publisher of this process that stores
-	// a delayed message makes the Subscribers of the process look at once;
-	// one of another process is seen within DelayedIdlePollInterval, so
-	// the first delayed message of a topic idle for a minute, stored by
-	// another process with a delay shorter than DelayedIdlePollInterval,
-	// may be moved up to DelayedIdlePollInterval minus its delay late
+	// delayed messages (one EXISTS per 200 topics) until it finds some for
+	// one of its topics: from then on it looks every DelayedPollInterval.
+	// A Publisher of this process that stores a delayed message makes the
+	// Subscribers of the process look at once; one of another process is
+	// seen within DelayedIdlePollInterval, so the first delayed message a
+	// Subscriber sees, stored by another process with a delay shorter than
+	// DelayedIdlePollInterval, may be moved up to DelayedIdlePollInterval
+	// minus its delay late
 	// (see docs/delay.md). AlwaysPollDelayed (-1) looks every
 	// DelayedPollInterval always. Otherwise at least DelayedPollInterval.
 	// Default: DefaultDelayedIdlePollInterval, or DelayedPollInterval if

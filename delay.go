@@ -37,14 +37,9 @@ import (
 // messages of its topics that are due into their streams.
 const DefaultDelayedPollInterval = 100 * time.Millisecond
 
-// DefaultDelayedIdlePollInterval is how often a Subscriber none of whose
-// topics has had delayed messages for DelayedHotFor looks for some.
+// DefaultDelayedIdlePollInterval is how often a Subscriber that has not
+// found delayed messages of its topics yet looks for some.
 const DefaultDelayedIdlePollInterval = time.Second
-
-// DelayedHotFor is how long after a Subscriber last found delayed messages
-// waiting for one of its topics it keeps looking every DelayedPollInterval,
-// before it looks only every DelayedIdlePollInterval.
-const DelayedHotFor = delayed.HotFor
 
 // delayedSuffix ends the key of the sorted set of delayed messages of a
 // stream key without a hash tag, and delayedTaggedSuffix that of one with a

@@ -13,20 +13,18 @@ import (
 )
 
 func TestDelayedMoverBeat(t *testing.T) {
-	now := time.Now()
 	for _, tc := range []struct {
 		name        string
 		every, idle time.Duration
-		hotUntil    time.Time
+		hot         bool
 		want        time.Duration
 	}{
-		{"never saw a sorted set", 100 * time.Millisecond, time.Second, time.Time{}, time.Second},
-		{"saw one within HotFor", 100 * time.Millisecond, time.Second, now.Add(time.Second), 100 * time.Millisecond},
-		{"saw one longer ago", 100 * time.Millisecond, time.Second, now.Add(-time.Nanosecond), time.Second},
-		{"idle beat off", 100 * time.Millisecond, 0, time.Time{}, 100 * time.Millisecond},
-		{"idle beat not longer", 100 * time.Millisecond, 50 * time.Millisecond, time.Time{}, 100 * time.Millisecond},
+		{"never saw a sorted set", 100 * time.Millisecond, time.Second, false, time.Second},
+		{"saw one", 100 * time.Millisecond, time.Second, true, 100 * time.Millisecond},
+		{"idle beat off", 100 * time.Millisecond, 0, false, 100 * time.Millisecond},
+		{"idle beat not longer", 100 * time.Millisecond, 50 * time.Millisecond, false, 100 * time.Millisecond},
 	} {
-		if got := beat(tc.every, tc.idle, now, tc.hotUntil); got != tc.want {
+		if got := beat(tc.every, tc.idle, tc.hot); got != tc.want {
 			t.Errorf("%s: beat = %s, want %s", tc.name, got, tc.want)
 		}
 	}

@@ -20,11 +20,11 @@ type Config struct {
 	// different cluster slots, one call moves one stream.
 	Client redis.UniversalClient
 	// Every is the beat: how long Run waits before its first round of
-	// moves, and after each round before the next while one of its streams
-	// has delayed messages, or had some within HotFor. Positive.
+	// moves, and after each round before the next once a round has found a
+	// sorted set of one of its streams. Positive.
 	Every time.Duration
-	// Idle is the beat otherwise: while no round has found a sorted set of
-	// any of its streams for HotFor, a round runs every Idle. A stream
+	// Idle is the beat before that: until a round finds a sorted set of
+	// one of its streams, a round runs every Idle. A stream
 	// added, or a Notify of one of its streams, brings the next round
 	// within Every. Zero, or at most Every: always Every.
 	Idle time.Duration
@@ -44,14 +44,13 @@ type Mover struct {
 	config Config
 	wake   chan struct{} // a stream was added or notified: the next round within Every
 
-	mu       sync.Mutex
-	topics   map[string]*topic // by stream key
-	hotUntil time.Time         // rounds every Every until then, then every Idle
+	mu     sync.Mutex
+	topics map[string]*topic // by stream key
+	// hot: a round has found a sorted set of one of the streams; from then
+	// on rounds run every Every, for good, so that a Subscriber whose
+	// topics are delayed to keeps the documented precision.
+	hot bool
 }
-
-// HotFor is how long after a round last found a sorted set of one of its
-// streams a Mover keeps its beat at Every.
-const HotFor = time.Minute
 
 // topic is one registered stream of a Mover.
 type topic struct {
@@ -104,7 +103,7 @@ func (m *Mover) signal() {
 // failures) and counted, and its next move waits a backoff; a stream whose
 // move filled a batch is moved again at once.
 //
-// While none of its streams has had a sorted set for HotFor, a round runs
+// Until a round finds a sorted set of one of its streams, a round runs
 // every Idle instead of every Every, and costs one EXISTS per call (see
 // runMoves); a stream added or notified brings the next round within Every.
 func (m *Mover) Run(ctx context.Context) {
@@ -148,16 +147,14 @@ func (m *Mover) Run(ctx context.Context) {
 func (m *Mover) beat(now time.Time, found bool) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if found {
-		m.hotUntil = now.Add(HotFor)
-	}
-	return beat(m.config.Every, m.config.Idle, now, m.hotUntil)
+	m.hot = m.hot || found
+	return beat(m.config.Every, m.config.Idle, m.hot)
 }
 
-// beat returns the wait before the next round at now: every while the
-// Mover is hot (until hotUntil), else idle, unless idle is not longer.
-func beat(every, idle time.Duration, now, hotUntil time.Time) time.Duration {
-	if idle <= every || now.Before(hotUntil) {
+// beat returns the wait before the next round: every once the Mover is
+// hot, else idle, unless idle is not longer.
+func beat(every, idle time.Duration, hot bool) time.Duration {
+	if idle <= every || hot {
 		return every
 	}
 	return idle

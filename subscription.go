@@ -61,26 +61,28 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		Counters: &s.stats.Counters,
 		Logger:   logger,
 		Health:   health,
-		Decode: func(e loop.Entry) (*message.Message, error) {
-			o := from
-			o.entryID = e.ID
-			msg, err := decodeEntry(s.config.Unmarshaler, e.Fields, o)
-			if err != nil {
-				return nil, err
-			}
-			if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != cfg.Group {
-				return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
-			}
-			return msg, nil
+		Handling: loop.Handling{
+			Decode: func(e loop.Entry) (*message.Message, error) {
+				o := from
+				o.entryID = e.ID
+				msg, err := decodeEntry(s.config.Unmarshaler, e.Fields, o)
+				if err != nil {
+					return nil, err
+				}
+				if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != cfg.Group {
+					return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
+				}
+				return msg, nil
+			},
+			NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },
+			DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
+				return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
+			},
+			GiveUp: func(ctx context.Context, msg *message.Message, count int64, reason string) error {
+				return s.deadLetterGivenUp(ctx, key, lease.name, msg, count, reason, logger)
+			},
+			Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
 		},
-		NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },
-		DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
-			return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
-		},
-		GiveUp: func(ctx context.Context, msg *message.Message, count int64, reason string) error {
-			return s.deadLetterGivenUp(ctx, key, lease.name, msg, count, reason, logger)
-		},
-		Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
 		// Like the loop's own calls, these end when the subscription does,
 		// whatever the client's options (see internal/bounded).
 		Reopen: func(ctx context.Context) error {
@@ -108,10 +110,12 @@ func (s *Subscriber) newFanOut(key, start string, health *subscriptionHealth, lo
 		Counters: &s.stats.Counters,
 		Logger:   logger,
 		Health:   health,
-		Decode: func(e loop.Entry) (*message.Message, error) {
-			return decodeEntry(s.config.Unmarshaler, e.Fields, origin{stream: key, entryID: e.ID})
+		Handling: loop.Handling{
+			Decode: func(e loop.Entry) (*message.Message, error) {
+				return decodeEntry(s.config.Unmarshaler, e.Fields, origin{stream: key, entryID: e.ID})
+			},
+			Delivered: func(id string) { s.observe.delivered(key, "", id) },
 		},
-		Delivered: func(id string) { s.observe.delivered(key, "", id) },
 	}
 	return loop.NewFanOut(s.loopConfig(key, ""), deps, loop.RedisRead(s.config.Client, key), start, out)
 }

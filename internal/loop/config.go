@@ -40,16 +40,9 @@ type Deps struct {
 	Logger   watermill.LoggerAdapter
 	Health   Health
 
-	Decode     DecodeFunc
-	DeadLetter DeadLetterFunc
-	// GiveUp deals with a message its handler gave up on; nil: such a
-	// Nack is a plain one.
-	GiveUp GiveUpFunc
-	// Delivered is told of each hand-over to a handler.
-	Delivered func(id string)
-	// NotForThisGroup, unless nil, is told of each entry acknowledged
-	// without delivery because it is meant for another group.
-	NotForThisGroup func()
+	// Handling turns entries into messages, and settles those no handler
+	// does.
+	Handling Handling
 	// Reopen runs the group door again, after NOGROUP.
 	Reopen func(ctx context.Context) error
 	// Prune removes departed consumers; the loop calls it when a claim has
@@ -61,6 +54,21 @@ type Deps struct {
 	// Inherit tells the loop of pending entries moved to its consumer name
 	// from other names; nil: none are.
 	Inherit Inheritance
+}
+
+// Handling is how a loop turns entries into messages, and settles the
+// ones no handler settles.
+type Handling struct {
+	Decode     DecodeFunc
+	DeadLetter DeadLetterFunc
+	// GiveUp deals with a message its handler gave up on; nil: such a
+	// Nack is a plain one.
+	GiveUp GiveUpFunc
+	// Delivered is told of each hand-over to a handler.
+	Delivered func(id string)
+	// NotForThisGroup, unless nil, is told of each entry acknowledged
+	// without delivery because it is meant for another group.
+	NotForThisGroup func()
 }
 
 // Inheritance tells a loop of the pending entries moved to its consumer
@@ -78,7 +86,7 @@ type Inheritance interface {
 
 // DecodeFunc turns an entry into the message handed to the handler. An
 // error wrapping ErrNotForThisGroup acknowledges the entry without
-// delivering it (see Deps.NotForThisGroup).
+// delivering it (see Handling.NotForThisGroup).
 type DecodeFunc func(e Entry) (*message.Message, error)
 
 // ErrNotForThisGroup is wrapped by a DecodeFunc's error for an entry meant

@@ -24,8 +24,8 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 		msg, err := l.decode(&e)
 		if errors.Is(err, ErrNotForThisGroup) {
 			l.acks.add(e.id)
-			if l.deps.NotForThisGroup != nil {
-				l.deps.NotForThisGroup()
+			if l.deps.Handling.NotForThisGroup != nil {
+				l.deps.Handling.NotForThisGroup()
 			}
 			return true
 		}
@@ -93,8 +93,8 @@ func (l *Group) deliver(ctx context.Context, msg *message.Message) outcome {
 		case evSent:
 			l.pre.handedOver(time.Now())
 			l.deps.Counters.Delivered.Add(1)
-			if l.deps.Delivered != nil {
-				l.deps.Delivered(l.held.inFlight)
+			if l.deps.Handling.Delivered != nil {
+				l.deps.Handling.Delivered(l.held.inFlight)
 			}
 			w.sent()
 			l.decodeNext()
@@ -137,7 +137,7 @@ func (l *Group) decode(e *entry) (*message.Message, error) {
 
 func (l *Group) prepare(e *entry) {
 	e.decoded = true
-	e.msg, e.decodeErr = l.deps.Decode(Entry{ID: e.id, Fields: e.fields})
+	e.msg, e.decodeErr = l.deps.Handling.Decode(Entry{ID: e.id, Fields: e.fields})
 }
 
 // decodeNext decodes the next queued entry while the handler works on the
@@ -153,7 +153,7 @@ func (l *Group) decodeNext() {
 // and acknowledges it; if that fails, the entry stays pending and comes
 // back with the next drain or reclaim.
 func (l *Group) deadLetter(ctx context.Context, e entry, decodeErr error) {
-	if err := l.deps.DeadLetter(ctx, Entry{ID: e.id, Fields: e.fields}, e.count, decodeErr); err != nil {
+	if err := l.deps.Handling.DeadLetter(ctx, Entry{ID: e.id, Fields: e.fields}, e.count, decodeErr); err != nil {
 		l.deps.Counters.Faults.Add(1)
 		return
 	}

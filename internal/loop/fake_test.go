@@ -281,11 +281,13 @@ func testDeps(srv Server) Deps {
 		Server:   srv,
 		Counters: &Counters{},
 		Logger:   watermill.NopLogger{},
-		Decode: func(e Entry) (*message.Message, error) {
-			return message.NewMessage(e.ID, []byte(fmt.Sprint(e.Fields["payload"]))), nil
+		Handling: Handling{
+			Decode: func(e Entry) (*message.Message, error) {
+				return message.NewMessage(e.ID, []byte(fmt.Sprint(e.Fields["payload"]))), nil
+			},
+			DeadLetter: func(context.Context, Entry, int64, error) error { return nil },
+			GiveUp:     func(context.Context, *message.Message, int64, string) error { return nil },
 		},
-		DeadLetter: func(context.Context, Entry, int64, error) error { return nil },
-		GiveUp:     func(context.Context, *message.Message, int64, string) error { return nil },
 	}
 }
 

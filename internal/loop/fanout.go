@@ -84,7 +84,7 @@ func (l *FanOut) Run(ctx context.Context) {
 func (l *FanOut) handle(ctx context.Context, m Entry) bool {
 	counters := l.deps.Counters
 	for count := 1; ; count++ {
-		msg, err := l.deps.Decode(m)
+		msg, err := l.deps.Handling.Decode(m)
 		if err != nil {
 			// A fan-out reader owns nothing it could move or acknowledge:
 			// the entry stays in the stream, for a person to look at.
@@ -97,8 +97,8 @@ func (l *FanOut) handle(ctx context.Context, m Entry) bool {
 		clearVerdict(msg)
 		msgCtx, cancel := context.WithCancel(ctx)
 		msg.SetContext(msgCtx)
-		if l.deps.Delivered != nil {
-			l.deps.Delivered(m.ID)
+		if l.deps.Handling.Delivered != nil {
+			l.deps.Handling.Delivered(m.ID)
 		}
 		result := l.deliver(ctx, msg)
 		cancel()

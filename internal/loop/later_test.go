@@ -267,7 +267,7 @@ func TestAGiveUpIsDeadLetteredAndAcknowledged(t *testing.T) {
 			deps := testDeps(srv)
 			var mu sync.Mutex
 			var gave []string
-			deps.GiveUp = func(_ context.Context, msg *message.Message, count int64, reason string) error {
+			deps.Handling.GiveUp = func(_ context.Context, msg *message.Message, count int64, reason string) error {
 				mu.Lock()
 				defer mu.Unlock()
 				gave = append(gave, msg.UUID+"#"+reason)
@@ -321,8 +321,8 @@ func TestAGiveUpIsDeadLetteredAndAcknowledged(t *testing.T) {
 func TestPublishedVerdictKeysAreRemoved(t *testing.T) {
 	srv := newFakeServer(1)
 	deps := testDeps(srv)
-	decode := deps.Decode
-	deps.Decode = func(e Entry) (*message.Message, error) {
+	decode := deps.Handling.Decode
+	deps.Handling.Decode = func(e Entry) (*message.Message, error) {
 		msg, err := decode(e)
 		msg.Metadata.Set(MetadataGiveUp, "stale")
 		msg.Metadata.Set(MetadataRetryAfter, "1h")

@@ -33,7 +33,7 @@ func (l *Group) nacked(ctx context.Context, msg *message.Message, e entry) (*ent
 		return nil, false
 	}
 	switch {
-	case v.giveUp && l.deps.GiveUp != nil:
+	case v.giveUp && l.deps.Handling.GiveUp != nil:
 		l.giveUp(ctx, msg, e, v.reason)
 		return nil, true
 	case v.after > 0 && l.deferNack(msg, e, v.after):

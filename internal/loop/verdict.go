@@ -55,7 +55,7 @@ type GiveUpFunc func(ctx context.Context, msg *message.Message, count int64, rea
 // acknowledges it; if that fails, the entry stays pending and comes back
 // through a claim after ClaimMinIdle, as an undecodable entry does.
 func (l *Group) giveUp(ctx context.Context, msg *message.Message, e entry, reason string) {
-	if err := l.deps.GiveUp(ctx, msg, e.count, reason); err != nil {
+	if err := l.deps.Handling.GiveUp(ctx, msg, e.count, reason); err != nil {
 		l.deps.Counters.Faults.Add(1)
 		return
 	}

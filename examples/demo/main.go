@@ -2,7 +2,7 @@
 // and Valkey Streams with consumer groups, showing what you would want to see
 // before trusting it:
 //
-//  1. it finds a server (see server.go);
+//  1. it finds a server (see ../internal/devserver);
 //  2. a Publisher writes several messages in one Publish call;
 //  3. a Watermill Router consumes them through a consumer group; its handler
 //     fails twice on one message, the Router Nacks it, and the subscriber
@@ -40,6 +40,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/examples/internal/devserver"
 )
 
 const (
@@ -76,17 +77,17 @@ func run() error {
 
 	// ---- 1. Server ---------------------------------------------------------
 	fmt.Println("== 1. Server")
-	srv, err := startServer(ctx)
+	srv, err := devserver.Start(ctx)
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	fmt.Printf("   using %s at %s\n", srv.about, srv.addr)
+	defer srv.Stop()
+	fmt.Printf("   using %s at %s\n", srv.About, srv.Addr)
 
 	// One go-redis client serves the publisher, every subscriber and the
 	// XPENDING checks. valkeystream never closes a client it was given
 	// (unless CloseClient is set), so the demo closes it.
-	client := redis.NewClient(&redis.Options{Addr: srv.addr})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer client.Close()
 
 	// A Watermill topic is one stream key. A fresh name per run keeps runs
@@ -145,7 +146,7 @@ func run() error {
 	fmt.Println("== 5. Summary")
 	fmt.Printf("   OK on %s: %d messages published and acknowledged; %s was Nacked twice and succeeded on delivery 3; "+
 		"what a consumer held unacknowledged (%d) came back first after its restart, with delivery count 2; nothing is pending.\n",
-		srv.about, len(orders)+len(invoices), flaky.Payload, cameBack)
+		srv.About, len(orders)+len(invoices), flaky.Payload, cameBack)
 	return nil
 }
 

@@ -1,7 +1,8 @@
-package main
-
-// This file is step 1 of the demo: finding a server to talk to. It has
-// nothing to do with valkeystream itself; read main.go for the library.
+// Package devserver finds a Redis-protocol server for the examples to run
+// against: the one at VALKEYSTREAM_ADDR, a private valkey-server or
+// redis-server, or an embedded miniredis. It has nothing to do with
+// valkeystream itself.
+package devserver
 
 import (
 	"bytes"
@@ -20,36 +21,36 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// server is the Redis-protocol server the demo runs against.
-type server struct {
-	addr  string // host:port
-	about string // what it is, for the reader
-	// embedded is true for the in-process miniredis.
-	embedded bool
-	// stop shuts down what the demo started (a no-op for an external server).
-	stop func()
+// Server is the Redis-protocol server an example runs against.
+type Server struct {
+	Addr  string // host:port
+	About string // what it is, for the reader
+	// Embedded is true for the in-process miniredis.
+	Embedded bool
+	// Stop shuts down what Start started (a no-op for an external server).
+	Stop func()
 }
 
-// startServer picks the server, in this order:
+// Start picks the server, in this order:
 //
 //  1. VALKEYSTREAM_ADDR, when set: a server someone else runs.
 //  2. valkey-server or redis-server from PATH: a private, throwaway instance
 //     on a free port in a temporary directory, killed at the end.
 //  3. An embedded, in-process miniredis, after checking that it implements
 //     every stream command the library uses.
-func startServer(ctx context.Context) (*server, error) {
+func Start(ctx context.Context) (*Server, error) {
 	if addr := os.Getenv("VALKEYSTREAM_ADDR"); addr != "" {
 		fmt.Printf("   VALKEYSTREAM_ADDR is set: using the server at %s\n", addr)
 		about, err := serverVersion(ctx, addr)
 		if err != nil {
 			return nil, fmt.Errorf("server at VALKEYSTREAM_ADDR=%s: %w", addr, err)
 		}
-		return &server{addr: addr, about: about, stop: func() {}}, nil
+		return &Server{Addr: addr, About: about, Stop: func() {}}, nil
 	}
 
 	for _, name := range []string{"valkey-server", "redis-server"} {
 		if bin, err := exec.LookPath(name); err == nil {
-			return startPrivateServer(ctx, bin)
+			return StartPrivate(ctx, bin)
 		}
 	}
 
@@ -58,14 +59,14 @@ func startServer(ctx context.Context) (*server, error) {
 	return startMiniredis(ctx)
 }
 
-// startPrivateServer runs bin (valkey-server or redis-server) on a free
+// StartPrivate runs bin (valkey-server or redis-server) on a free
 // loopback port, without persistence, in a temporary directory.
-func startPrivateServer(ctx context.Context, bin string) (*server, error) {
+func StartPrivate(ctx context.Context, bin string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "valkeystream-demo-")
+	dir, err := os.MkdirTemp("", "valkeystream-example-")
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func startPrivateServer(ctx context.Context, bin string) (*server, error) {
 		stop()
 		return nil, err
 	}
-	return &server{addr: addr, about: about, stop: stop}, nil
+	return &Server{Addr: addr, About: about, Stop: stop}, nil
 }
 
 // freePort asks the kernel for a free port by listening on port 0, then
@@ -162,8 +163,8 @@ func serverVersion(ctx context.Context, addr string) (string, error) {
 }
 
 // startMiniredis starts the embedded server and checks that it can run the
-// demo.
-func startMiniredis(ctx context.Context) (*server, error) {
+// examples.
+func startMiniredis(ctx context.Context) (*Server, error) {
 	mr, err := miniredis.Run()
 	if err != nil {
 		return nil, fmt.Errorf("starting miniredis: %w", err)
@@ -172,7 +173,7 @@ func startMiniredis(ctx context.Context) (*server, error) {
 	defer client.Close()
 	if missing := checkStreamCommands(ctx, client); len(missing) > 0 {
 		mr.Close()
-		fmt.Println("   the embedded miniredis cannot run this demo; these stream commands failed:")
+		fmt.Println("   the embedded miniredis cannot run this example; these stream commands failed:")
 		for _, m := range missing {
 			fmt.Println("     -", m)
 		}
@@ -181,11 +182,11 @@ func startMiniredis(ctx context.Context) (*server, error) {
 			"or set VALKEYSTREAM_ADDR=host:port")
 	}
 	fmt.Println("   miniredis implements every stream command valkeystream uses")
-	return &server{
-		addr:     mr.Addr(),
-		about:    "embedded miniredis " + moduleVersion("github.com/alicebob/miniredis/v2") + " (in-process, not a real server)",
-		embedded: true,
-		stop:     mr.Close,
+	return &Server{
+		Addr:     mr.Addr(),
+		About:    "embedded miniredis " + moduleVersion("github.com/alicebob/miniredis/v2") + " (in-process, not a real server)",
+		Embedded: true,
+		Stop:     mr.Close,
 	}, nil
 }
 
@@ -193,7 +194,7 @@ func startMiniredis(ctx context.Context) (*server, error) {
 // form it sends it, on a scratch stream, and returns a line for each that
 // failed.
 func checkStreamCommands(ctx context.Context, c *redis.Client) (failed []string) {
-	const key, group = "valkeystream-demo:probe", "probe"
+	const key, group = "valkeystream-example:probe", "probe"
 	defer c.Del(ctx, key)
 	check := func(what string, err error) bool {
 		if err != nil && !errors.Is(err, redis.Nil) {

@@ -1,0 +1,318 @@
+// Command service is an order service built on Watermill's CQRS component
+// over valkeystream, set up as docs/service.md recommends:
+//
+//   - one consumer group per event handler (billing, shipping,
+//     schedule-reminder, send-reminder), so that each sees every event;
+//   - every handler wrapped, outermost first, in valkeystream's
+//     Deduplicator, valkeystream.DeadLetter, middleware.Retry (which leaves
+//     a handler's verdicts alone) and middleware.Recoverer;
+//   - billing gives up at once on an invalid order (valkeystream.GiveUp),
+//     asks for a later redelivery when the bank is busy
+//     (valkeystream.RetryAfter), and fails on customer "poison" until the
+//     key shop:rules:poison-fixed exists, so that those orders end as dead
+//     letters to replay with `valkeystream dead replay OrderPlaced --all`;
+//   - a payment reminder published with Watermill's delay metadata, held on
+//     the server until it is due;
+//   - Prometheus metrics (/metrics) and probes (/livez, /readyz) on one HTTP
+//     server;
+//   - a graceful shutdown on SIGINT or SIGTERM.
+//
+// Its effects are keys in the server (see orders.go). Run it from the
+// repository root:
+//
+//	go run -C examples ./service
+//
+// It uses the server at VALKEYSTREAM_ADDR if set, else starts a private
+// valkey-server or redis-server, else an embedded miniredis. On a server it
+// started itself it publishes a few sample orders; -sample-orders sets how
+// many. -h lists the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/cqrs"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/examples/internal/devserver"
+	"github.com/echomq/valkeystream/metrics"
+)
+
+// maxDeliveries is the delivery on which a failure is final: the message is
+// dead-lettered then.
+const maxDeliveries = 3
+
+// shutdownTimeout bounds each step of the shutdown.
+const shutdownTimeout = 10 * time.Second
+
+func main() {
+	httpAddr := flag.String("http", "127.0.0.1:8080", "address of the HTTP server (/metrics, /livez, /readyz)")
+	reminderDelay := flag.Duration("reminder-delay", 5*time.Second, "how long after an order its payment reminder is due")
+	samples := flag.Int("sample-orders", -1, "sample orders to publish at start (-1: 10 on a server the service started itself, else 0)")
+	verbose := flag.Bool("v", false, "print Watermill's and valkeystream's logs")
+	flag.Parse()
+
+	logger := log.New(os.Stdout, "service: ", log.Ltime|log.Lmicroseconds)
+	if err := run(logger, *httpAddr, *reminderDelay, *samples, *verbose); err != nil {
+		logger.Print("failed: ", err)
+		os.Exit(1)
+	}
+}
+
+func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, samples int, verbose bool) error {
+	// SIGINT or SIGTERM cancels ctx; the shutdown below follows.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var wlog watermill.LoggerAdapter = watermill.NopLogger{}
+	if verbose {
+		wlog = watermill.NewStdLogger(false, false)
+	}
+
+	srv, err := devserver.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	if samples < 0 {
+		samples = 0
+		if os.Getenv("VALKEYSTREAM_ADDR") == "" {
+			samples = 10
+		}
+	}
+	logger.Printf("using %s at %s", srv.About, srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer client.Close()
+
+	// One Publisher for the events and the dead letters. The EventBus
+	// writes through Watermill's delay publisher, which turns a delay in
+	// the context into the delay metadata valkeystream honours.
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, wlog)
+	if err != nil {
+		return err
+	}
+	bus, err := newEventBus(pub)
+	if err != nil {
+		return err
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: shutdownTimeout}, wlog)
+	if err != nil {
+		return err
+	}
+	dedup, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client}, wlog)
+	if err != nil {
+		return err
+	}
+	deadLetter, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{
+		Publisher:     pub,
+		MaxDeliveries: maxDeliveries,
+	}, wlog)
+	if err != nil {
+		return err
+	}
+	retry := middleware.Retry{
+		MaxRetries:      2,
+		InitialInterval: 10 * time.Millisecond,
+		Multiplier:      2,
+		// A verdict (RetryAfter, GiveUp) is final for this delivery.
+		ShouldRetry: func(p middleware.RetryParams) bool { return !valkeystream.IsFinal(p.Err) },
+		Logger:      wlog,
+	}
+	// Outermost first: the Deduplicator must see the delivery's outcome
+	// after the dead-lettering, DeadLetter the error left after the
+	// retries, and Retry a panic as an error.
+	router.AddMiddleware(dedup.Middleware, deadLetter, retry.Middleware, middleware.Recoverer)
+
+	// One consumer group per handler, named after it: handlers sharing a
+	// group would split the events between them.
+	subs := map[string]*valkeystream.Subscriber{}
+	processor, err := cqrs.NewEventProcessorWithConfig(router, cqrs.EventProcessorConfig{
+		GenerateSubscribeTopic: func(p cqrs.EventProcessorGenerateSubscribeTopicParams) (string, error) {
+			return p.EventName, nil
+		},
+		SubscriberConstructor: func(p cqrs.EventProcessorSubscriberConstructorParams) (message.Subscriber, error) {
+			sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+				Client:        client,
+				ConsumerGroup: p.HandlerName,
+				Start:         valkeystream.StartHead,
+			}, wlog)
+			if err != nil {
+				return nil, err
+			}
+			subs[p.HandlerName] = sub
+			return sub, nil
+		},
+		Marshaler: marshaler,
+		Logger:    wlog,
+	})
+	if err != nil {
+		return err
+	}
+	h := &handlers{client: client, bus: bus, reminderDelay: reminderDelay, logger: logger}
+	if err := processor.AddHandlers(h.eventHandlers()...); err != nil {
+		return err
+	}
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Close()
+		}
+	}()
+
+	// Metrics and probes, on one HTTP server.
+	collector, err := metrics.NewCollector(metrics.Config{Client: client})
+	if err != nil {
+		return err
+	}
+	var all []*valkeystream.Subscriber
+	for name, sub := range subs {
+		if err := collector.AddSubscriber(name, sub); err != nil {
+			return err
+		}
+		all = append(all, sub)
+	}
+	if err := collector.AddPublisher("events", pub); err != nil {
+		return err
+	}
+	if err := collector.AddDeduplicator("handlers", dedup); err != nil {
+		return err
+	}
+	registry := prometheus.NewRegistry()
+	if err := registry.Register(collector); err != nil {
+		return err
+	}
+	health, err := valkeystream.NewHealthCheck(valkeystream.HealthConfig{Subscribers: all})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("/livez", health.LiveHandler())
+	mux.Handle("/readyz", health.ReadyHandler())
+	listener, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return err
+	}
+	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- httpServer.Serve(listener) }()
+	logger.Printf("serving /metrics, /livez and /readyz on http://%s", listener.Addr())
+
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return fmt.Errorf("router: %w", err)
+	}
+	logger.Printf("running %d handlers, one consumer group each", len(subs))
+	if samples > 0 {
+		if err := publishSamples(ctx, bus, samples); err != nil {
+			return err
+		}
+		logger.Printf("published %d sample orders (a poison one among them); Ctrl-C to stop", samples)
+	}
+
+	select {
+	case <-ctx.Done():
+		logger.Print("stopping")
+	case err := <-routerDone:
+		return fmt.Errorf("router stopped: %w", err)
+	case err := <-httpDone:
+		return fmt.Errorf("HTTP server: %w", err)
+	}
+
+	// The shutdown: the router first (its handlers finish and their
+	// messages are acknowledged), then the HTTP server, then the
+	// Subscribers and the Publisher.
+	var errs []error
+	if err := router.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the router: %w", err))
+	}
+	if err := <-routerDone; err != nil {
+		errs = append(errs, fmt.Errorf("router: %w", err))
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := httpServer.Shutdown(shutdownCtx); err != nil {
+		errs = append(errs, fmt.Errorf("shutting down the HTTP server: %w", err))
+	}
+	for name, sub := range subs {
+		if err := sub.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing subscriber %s: %w", name, err))
+		}
+	}
+	if err := pub.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the publisher: %w", err))
+	}
+	if len(errs) == 0 {
+		logger.Print("stopped")
+	}
+	return errors.Join(errs...)
+}
+
+// marshaler names each event by its type name (OrderPlaced), which is
+// also its topic.
+var marshaler = cqrs.JSONMarshaler{GenerateName: cqrs.StructName}
+
+// newEventBus returns the bus the service (and its test) publishes events
+// on. Each event's message UUID derives from its order, so that a
+// deduplicating handler recognises an event published twice (as after a
+// crash between a handler's publish and its Ack).
+func newEventBus(pub message.Publisher) (*cqrs.EventBus, error) {
+	delayed, err := delay.NewPublisher(pub, delay.PublisherConfig{AllowNoDelay: true})
+	if err != nil {
+		return nil, err
+	}
+	return cqrs.NewEventBusWithConfig(delayed, cqrs.EventBusConfig{
+		GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) {
+			return p.EventName, nil
+		},
+		OnPublish: func(p cqrs.OnEventSendParams) error {
+			switch e := p.Event.(type) {
+			case *OrderPlaced:
+				p.Message.UUID = "order-" + e.OrderID
+			case *PaymentReminderDue:
+				p.Message.UUID = "reminder-" + e.OrderID
+			}
+			return nil
+		},
+		Marshaler: marshaler,
+	})
+}
+
+// publishSamples publishes n sample orders: one for the poison customer,
+// one for the busy one, the others ordinary.
+func publishSamples(ctx context.Context, bus *cqrs.EventBus, n int) error {
+	stamp := time.Now().Format("150405")
+	for i := range n {
+		o := &OrderPlaced{OrderID: fmt.Sprintf("%s-%d", stamp, i), Customer: "alice", Cents: int64(100 + i)}
+		switch i {
+		case 1:
+			o.Customer = poisonCustomer
+		case 2:
+			o.Customer = busyCustomer
+		}
+		if err := bus.Publish(ctx, o); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/examples/internal/devserver"
+)
+
+const (
+	// orders is how many orders the test places.
+	orders = 300
+	// testReminderDelay is the service's -reminder-delay in the test.
+	testReminderDelay = 3 * time.Second
+	// settleTimeout bounds each wait for the service to catch up; a
+	// restart after SIGKILL waits up to ConsumerLeaseTTL (10 s) for the dead
+	// process' entries, and up to the Deduplicator's RunningTTL (10 s) for
+	// the handling it killed.
+	settleTimeout = 45 * time.Second
+)
+
+// An order service as users build it, run as a process: orders placed
+// while it is SIGKILLed and restarted, poison orders dead-lettered, the
+// rule fixed and the dead letters replayed with the valkeystream command.
+// Every order is charged, shipped and reminded once; no reminder comes
+// before its due time; nothing stays pending; the probes and metrics answer.
+func TestService(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	bin := t.TempDir()
+	serviceBin := filepath.Join(bin, "service")
+	cliBin := filepath.Join(bin, "valkeystream")
+	build := [][]string{
+		{"build", "-o", serviceBin, "."},
+		{"build", "-o", cliBin, "github.com/echomq/valkeystream/cmd/valkeystream"},
+	}
+	if raceEnabled {
+		build[0] = append([]string{"build", "-race"}, build[0][1:]...)
+	}
+	for _, args := range build {
+		if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	srv := startTestServer(ctx, t)
+	t.Logf("server: %s at %s", srv.About, srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	bus, err := newEventBus(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	svc := startService(ctx, t, serviceBin, srv.Addr)
+
+	// The orders: every 20th for the poison customer, every 25th for the
+	// busy one, two with an invalid amount.
+	placed := make([]*OrderPlaced, orders)
+	var poison, invalid, busy []string
+	for i := range placed {
+		o := &OrderPlaced{OrderID: fmt.Sprintf("o%03d", i), Customer: "alice", Cents: int64(100 + i)}
+		switch {
+		case i == 7 || i == 211:
+			o.Cents = 0
+			invalid = append(invalid, o.OrderID)
+		case i%20 == 10:
+			o.Customer = poisonCustomer
+			poison = append(poison, o.OrderID)
+		case i%25 == 3:
+			o.Customer = busyCustomer
+			busy = append(busy, o.OrderID)
+		}
+		placed[i] = o
+	}
+
+	// Place them at a steady pace from a goroutine, and SIGKILL the
+	// service once it has shipped a third: the rest arrive while it is
+	// down and after its restart.
+	placedAt := make([]time.Time, orders)
+	published := make(chan error, 1)
+	go func() {
+		for i, o := range placed {
+			placedAt[i] = time.Now()
+			if err := bus.Publish(ctx, o); err != nil {
+				published <- fmt.Errorf("publishing order %s: %w", o.OrderID, err)
+				return
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+		published <- nil
+	}()
+	waitFor(ctx, t, "a third of the orders shipped", func() (bool, string) {
+		n := countKeys(ctx, t, client, shippedKey("*"))
+		return n >= orders/3, fmt.Sprintf("%d shipped", n)
+	})
+	svc.kill(t)
+	svc = startService(ctx, t, serviceBin, srv.Addr)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+
+	// Before the fix: everything but the poison and invalid orders is
+	// charged, every order shipped and reminded; the poison and invalid
+	// orders are dead letters.
+	deadStream := "OrderPlaced" + valkeystream.DefaultDeadLetterSuffix
+	waitFor(ctx, t, "the service to catch up before the fix", func() (bool, string) {
+		charged := countKeys(ctx, t, client, chargeKey("*"))
+		shipped := countKeys(ctx, t, client, shippedKey("*"))
+		reminded := countKeys(ctx, t, client, remindedKey("*"))
+		dead := client.XLen(ctx, deadStream).Val()
+		want := orders - len(poison) - len(invalid)
+		return charged == want && shipped == orders && reminded == orders && dead == int64(len(poison)+len(invalid)),
+			fmt.Sprintf("charged %d of %d, shipped %d, reminded %d of %d, dead letters %d of %d",
+				charged, want, shipped, reminded, orders, dead, len(poison)+len(invalid))
+	})
+	for _, id := range append(poison, invalid...) {
+		if n := client.Exists(ctx, chargeKey(id)).Val(); n != 0 {
+			t.Fatalf("order %s charged before its rule was fixed", id)
+		}
+	}
+
+	// The fix, then the replay, by the operator's command.
+	if err := client.Set(ctx, poisonFixedKey, "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replay := exec.CommandContext(ctx, cliBin, "dead", "replay", "OrderPlaced", "--all", "--yes")
+	replay.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+srv.Addr)
+	out, err := replay.CombinedOutput()
+	if err != nil {
+		t.Fatalf("valkeystream dead replay: %v\n%s", err, out)
+	}
+	t.Logf("valkeystream dead replay OrderPlaced --all --yes:\n%s", out)
+
+	// After it: the poison orders charged; the invalid ones given up again.
+	waitFor(ctx, t, "the replayed orders to be handled and nothing left pending", func() (bool, string) {
+		charged := countKeys(ctx, t, client, chargeKey("*"))
+		dead := client.XLen(ctx, deadStream).Val()
+		pending := pendingEntries(ctx, t, client, "OrderPlaced", "PaymentReminderDue")
+		want := orders - len(invalid)
+		return charged == want && dead == int64(len(invalid)) && pending == 0,
+			fmt.Sprintf("charged %d of %d, dead letters %d of %d, pending %d", charged, want, dead, len(invalid), pending)
+	})
+
+	for i, o := range placed {
+		charge, err := client.Get(ctx, chargeKey(o.OrderID)).Result()
+		switch {
+		case slices.Contains(invalid, o.OrderID):
+			if !errors.Is(err, redis.Nil) {
+				t.Errorf("invalid order %s charged (%q, %v)", o.OrderID, charge, err)
+			}
+		case err != nil:
+			t.Errorf("order %s not charged: %v", o.OrderID, err)
+		case slices.Contains(busy, o.OrderID) && charge == chargeValue(1):
+			t.Errorf("order %s of the busy customer charged on its first delivery, despite RetryAfter", o.OrderID)
+		}
+		if err := client.Get(ctx, shippedKey(o.OrderID)).Err(); err != nil {
+			t.Errorf("order %s not shipped: %v", o.OrderID, err)
+		}
+		reminded, err := client.Get(ctx, remindedKey(o.OrderID)).Result()
+		if err != nil {
+			t.Errorf("order %s not reminded: %v", o.OrderID, err)
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, reminded)
+		if err != nil {
+			t.Fatalf("reminder time of order %s: %v", o.OrderID, err)
+		}
+		if due := placedAt[i].Add(testReminderDelay); at.Before(due) {
+			t.Errorf("order %s reminded at %s, before it was due (placed %s + %s)",
+				o.OrderID, at.Format(time.StampMicro), placedAt[i].Format(time.StampMicro), testReminderDelay)
+		}
+	}
+	if n, _ := client.Get(ctx, earlyRemindersKey).Int(); n != 0 {
+		t.Errorf("%d reminders handled before their due time", n)
+	}
+	// The effects are SET NX, so none is applied twice; a handling repeated
+	// is counted. The Deduplicator leaves one possible repeat per handler:
+	// the handling the SIGKILL interrupted after its effect and before its
+	// done mark.
+	for _, h := range []string{"billing", "shipping", "schedule-reminder", "send-reminder"} {
+		n, _ := client.Get(ctx, repeatsKey(h)).Int()
+		t.Logf("%s: %d handling(s) repeated after the SIGKILL", h, n)
+		if n > 1 {
+			t.Errorf("%s repeated %d handlings; one SIGKILL interrupts at most one", h, n)
+		}
+	}
+
+	// The probes and the metrics, on the service's one HTTP server.
+	if code, body := get(ctx, t, svc.url+"/readyz"); code != http.StatusOK || !strings.Contains(body, `"ready":true`) {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+	if code, body := get(ctx, t, svc.url+"/livez"); code != http.StatusOK {
+		t.Errorf("/livez: %d %s", code, body)
+	}
+	code, body := get(ctx, t, svc.url+"/metrics")
+	for _, series := range []string{
+		`valkeystream_subscriber_`,
+		`valkeystream_publisher_`,
+		`valkeystream_dedup_`,
+		`valkeystream_dead_letters{stream="OrderPlaced"}`,
+	} {
+		if code != http.StatusOK || !strings.Contains(body, series) {
+			t.Errorf("/metrics (status %d) serves no %s", code, series)
+		}
+	}
+
+	svc.stop(t)
+}
+
+// service is the service running as a child process.
+type service struct {
+	cmd    *exec.Cmd
+	url    string
+	exited chan struct{}
+	err    error         // cmd.Wait's, once exited is closed
+	output *syncBuffer   // its stdout and stderr
+	start  time.Duration // how long it took to become ready
+}
+
+// startService starts the service binary against the server at addr and
+// waits until /readyz answers 200.
+func startService(ctx context.Context, t *testing.T, bin, addr string) *service {
+	t.Helper()
+	port := freePort(t)
+	s := &service{url: "http://127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{}), output: &syncBuffer{}}
+	s.cmd = exec.Command(bin, "-http", "127.0.0.1:"+strconv.Itoa(port),
+		"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0")
+	s.cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr)
+	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
+	began := time.Now()
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.err = s.cmd.Wait(); close(s.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-s.exited:
+		default:
+			_ = s.cmd.Process.Kill()
+			<-s.exited
+		}
+		if t.Failed() {
+			t.Logf("service (pid %d) output:\n%s", s.cmd.Process.Pid, s.output.String())
+		}
+	})
+	waitFor(ctx, t, "the service to be ready", func() (bool, string) {
+		select {
+		case <-s.exited:
+			t.Fatalf("the service exited before it was ready (%v):\n%s", s.err, s.output.String())
+		default:
+		}
+		code, body := get(ctx, t, s.url+"/readyz")
+		return code == http.StatusOK, fmt.Sprintf("/readyz: %d %s", code, body)
+	})
+	s.start = time.Since(began)
+	t.Logf("service started (pid %d), ready after %s", s.cmd.Process.Pid, s.start.Round(time.Millisecond))
+	return s
+}
+
+// kill SIGKILLs the service and waits for it to end.
+func (s *service) kill(t *testing.T) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-s.exited
+	t.Logf("service (pid %d) killed", s.cmd.Process.Pid)
+}
+
+// stop sends SIGTERM and checks that the service shuts down cleanly (and,
+// in a race build, without a race report, which would make it exit with
+// status 66).
+func (s *service) stop(t *testing.T) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the service did not stop within 30s of SIGTERM:\n%s", s.output.String())
+	}
+	if s.err != nil || !strings.Contains(s.output.String(), "service: ") ||
+		!strings.HasSuffix(strings.TrimSpace(s.output.String()), "stopped") {
+		t.Fatalf("the service did not stop cleanly (%v):\n%s", s.err, s.output.String())
+	}
+}
+
+// startTestServer starts a private server: VALKEYSTREAM_TEST_SERVER (a
+// binary name or path), else redis-server or valkey-server from PATH.
+func startTestServer(ctx context.Context, t *testing.T) *devserver.Server {
+	t.Helper()
+	names := []string{"redis-server", "valkey-server"}
+	if name := os.Getenv("VALKEYSTREAM_TEST_SERVER"); name != "" {
+		names = []string{name}
+	}
+	for _, name := range names {
+		bin, err := exec.LookPath(name)
+		if err != nil {
+			continue
+		}
+		srv, err := devserver.StartPrivate(ctx, bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Stop)
+		return srv
+	}
+	t.Fatalf("no server binary among %v: install one (apt-get install -y redis-server) or set VALKEYSTREAM_TEST_SERVER", names)
+	return nil
+}
+
+// waitFor polls cond every 50ms until it holds, failing the test with
+// cond's last description after settleTimeout.
+func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: gave up after %s: %s", what, settleTimeout, state)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v: %s", what, ctx.Err(), state)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// countKeys counts the keys matching pattern.
+func countKeys(ctx context.Context, t *testing.T, c *redis.Client, pattern string) int {
+	t.Helper()
+	n := 0
+	iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+	for iter.Next(ctx) {
+		n++
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// pendingEntries sums the pending entries of every group of the streams.
+func pendingEntries(ctx context.Context, t *testing.T, c *redis.Client, streams ...string) int64 {
+	t.Helper()
+	var n int64
+	for _, s := range streams {
+		groups, err := c.XInfoGroups(ctx, s).Result()
+		if err != nil {
+			t.Fatalf("XINFO GROUPS %s: %v", s, err)
+		}
+		for _, g := range groups {
+			n += g.Pending
+		}
+	}
+	return n
+}
+
+// get fetches url, returning its status and body (status 0 when the
+// request failed).
+func get(ctx context.Context, t *testing.T, url string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err.Error()
+	}
+	return resp.StatusCode, string(body)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer is a bytes.Buffer safe for the writes of a child process'
+// stdout and stderr and the test's reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -91,6 +91,7 @@ func TestDeduplicatorCounters(t *testing.T) {
 		"valkeystream_dedup_lost_marks_total":    want.LostMarks,
 		"valkeystream_dedup_mark_failures_total": want.MarkFailures,
 		"valkeystream_dedup_faults_total":        want.Faults,
+		"valkeystream_dedup_given_up_total":      want.GivenUp,
 	} {
 		g.want(t, name, "deduplicator=billing", float64(v))
 	}

@@ -270,6 +270,7 @@ var dedupCounters = []struct {
 	{desc("dedup_busy_total", "Deliveries Nacked because another handling of the message held its in-progress mark past BusyWait.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Busy }},
 	{desc("dedup_released_total", "Handlings that failed: their in-progress mark was removed so that the redelivery runs.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Released }},
 	{desc("dedup_lost_marks_total", "Successful handlings whose in-progress mark had expired or been replaced before they ended: a duplicate may have run meanwhile.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.LostMarks }},
+	{desc("dedup_given_up_total", "Handlings a DeadLetter or DeliveryLimit inside the Deduplicator gave up on: Acked as dead letters, their marks removed rather than marked done, so that a replay is handled.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.GivenUp }},
 	{desc("dedup_mark_failures_total", "Successful handlings whose done mark could not be written: a duplicate of the message would be handled again.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.MarkFailures }},
 	{desc("dedup_faults_total", "Failed calls of the Deduplicator to the server.", labelDedup), func(s valkeystream.DedupStats) int64 { return s.Faults }},
 }

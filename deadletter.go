@@ -40,7 +40,9 @@ const (
 
 // MetadataReplayGroup, on a message in a stream, names the one consumer
 // group it is for: subscriptions of other groups acknowledge it without
-// delivering it (counted in Stats.NotForThisGroup). `valkeystream dead
+// delivering it (counted in Stats.NotForThisGroup), and the subscriptions of
+// that group remove it from the message they deliver (so a handler that
+// forwards the message does not make it another replay). `valkeystream dead
 // replay` sets it to the group that gave up on the dead letter, unless told
 // to replay to every group. Empty or absent: every group. Fan-out
 // subscriptions deliver it as any message.
@@ -168,6 +170,7 @@ func (d deadLetter) middleware(h message.HandlerFunc) message.HandlerFunc {
 		// The delivery's own context, before the handler or an inner
 		// middleware replaces it.
 		ctx := msg.Context()
+		lowerGivenUp(msg) // this attempt's outcome decides (givenup.go)
 		if n := DeliveryCount(msg); d.config.CrashLimit > 0 && n > d.config.CrashLimit && ctx.Err() == nil {
 			return nil, d.giveUp(ctx, msg, fmt.Errorf("%w: delivered %d times, more than CrashLimit %d, without a failure returned by the handler: it may end the process",
 				ErrDeliveryLimit, n, d.config.CrashLimit))
@@ -299,6 +302,7 @@ func DeliveryLimit(maxDeliveries int) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
+			lowerGivenUp(msg) // this attempt's outcome decides (givenup.go)
 			produced, err := h(msg)
 			if err == nil || !isFinalFailure(ctx, msg, maxDeliveries) {
 				return produced, err

@@ -27,6 +27,16 @@ func withGivenUpFlag(ctx context.Context) (context.Context, *atomic.Bool) {
 	return context.WithValue(ctx, givenUpKey{}, flag), flag
 }
 
+// lowerGivenUp lowers the given-up flag of msg's delivery, if a
+// Deduplicator put one there: an attempt begins (middleware.Retry outside
+// DeadLetter or DeliveryLimit runs them again), and only the last one's
+// outcome counts.
+func lowerGivenUp(msg *message.Message) {
+	if flag, ok := msg.Context().Value(givenUpKey{}).(*atomic.Bool); ok {
+		flag.Store(false)
+	}
+}
+
 // markGivenUp raises the given-up flag of msg's delivery, if a
 // Deduplicator put one there.
 func markGivenUp(msg *message.Message) {

@@ -197,7 +197,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 // causes, the Publisher helps the client find the new master and finds out
 // the server's verbs again.
 func (p *Publisher) failed(err error) {
-	if failover.Symptom(err) {
+	if failover.Symptom(err) || serverinfo.RefusedVerb(err) {
 		p.forgetServer()
 	}
 	p.failover.Failed(p.config.Client, err)

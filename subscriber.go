@@ -71,7 +71,9 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
 	if config.ClaimInterval != NoReclaim {
 		s.shared.ClaimInReads(func() time.Duration {
-			if s.verbs.Current().ClaimInRead {
+			// Only while the verbs are known: after Forget, until a loop's
+			// call has found them out again, reads claim nothing.
+			if v, known := s.verbs.Cached(); known && v.ClaimInRead {
 				return config.ClaimMinIdle
 			}
 			return 0

@@ -72,6 +72,9 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 				if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != cfg.Group {
 					return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
 				}
+				// Delivered to its group, a replay is a message like any
+				// other: forwarded by the handler, it reaches every group.
+				delete(msg.Metadata, MetadataReplayGroup)
 				return msg, nil
 			},
 			NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },

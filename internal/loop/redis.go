@@ -295,8 +295,8 @@ func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
 	if ok {
 		s.readerHints.Failed(c, err)
 	}
-	if s.opt.Forget != nil && failover.Symptom(err) {
-		s.opt.Forget() // the next call may reach another node
+	if s.opt.Forget != nil && (failover.Symptom(err) || serverinfo.RefusedVerb(err)) {
+		s.opt.Forget() // the next call may reach another node, or an older one answered
 	}
 	if s.opt.Hints == nil {
 		return delay

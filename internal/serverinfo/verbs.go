@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -149,6 +150,26 @@ func fromDocs(ctx context.Context, client redis.UniversalClient, docsCmd *redis.
 	return v, "", nil
 }
 
+// RefusedVerb reports whether err is a server's refusal of a command or an
+// argument it does not know: what a newer verb meets on an older node (a
+// failover, or a rolling upgrade, put the client there), after which the
+// verbs must be found out again (Known.Forget).
+func RefusedVerb(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := strings.ToLower(reply.Error())
+	// XADD reads an option it does not know (IDMP, ACKED) as the entry id.
+	for _, s := range []string{"syntax error", "unknown command", "unknown subcommand", "unknown option", "unrecognized",
+		"wrong number of arguments", "invalid stream id specified"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
 func isReply(err error) bool {
 	var reply redis.Error
 	return errors.As(err, &reply)
@@ -243,10 +264,16 @@ type Known struct {
 	client   redis.UniversalClient
 	baseline bool // the user forced the baseline path
 
-	mu     sync.Mutex
-	known  bool // verbs holds the answer for the current node
-	probed bool // some probe answered
-	verbs  Verbs
+	// probing serializes probes; what they found is read without it, so
+	// that no reader waits behind a probe the network holds up.
+	probing sync.Mutex
+	state   atomic.Pointer[knownState] // nil before the first answer
+}
+
+// knownState is what a Known knows, replaced whole.
+type knownState struct {
+	verbs Verbs
+	known bool // verbs holds the answer for the current node
 }
 
 // NewKnown returns the Known of client; with baseline it finds out nothing
@@ -276,9 +303,8 @@ func (k *Known) NeedsProbe() bool {
 	case *redis.ClusterClient, *redis.Ring:
 		return false
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return !k.known
+	_, known := k.Cached()
+	return !known
 }
 
 // Learn is Verbs from docs, a DocsCommand already sent (unless something is
@@ -291,10 +317,14 @@ func (k *Known) learn(ctx context.Context, docs *redis.Cmd) (v Verbs, changed bo
 	if k == nil || k.baseline {
 		return Verbs{}, false, "", nil
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.known {
-		return k.verbs, false, "", nil
+	if v, known := k.Cached(); known {
+		return v, false, "", nil
+	}
+	k.probing.Lock()
+	defer k.probing.Unlock()
+	before := k.state.Load()
+	if before != nil && before.known {
+		return before.verbs, false, "", nil // found out while this call waited
 	}
 	if docs == nil {
 		v, refused, err = Probe(ctx, k.client)
@@ -304,8 +334,8 @@ func (k *Known) learn(ctx context.Context, docs *redis.Cmd) (v Verbs, changed bo
 	if err != nil {
 		return Verbs{}, false, "", err
 	}
-	changed = !k.probed || v != k.verbs
-	k.known, k.probed, k.verbs = true, true, v
+	changed = before == nil || v != before.verbs
+	k.state.Store(&knownState{verbs: v, known: true})
 	return v, changed, refused, nil
 }
 
@@ -315,19 +345,16 @@ func (k *Known) Cached() (Verbs, bool) {
 	if k == nil || k.baseline {
 		return Verbs{}, true
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.verbs, k.known
+	if st := k.state.Load(); st != nil {
+		return st.verbs, st.known
+	}
+	return Verbs{}, false
 }
 
 // Current returns the verbs found out last, without probing.
 func (k *Known) Current() Verbs {
-	if k == nil || k.baseline {
-		return Verbs{}
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.verbs
+	v, _ := k.Cached()
+	return v
 }
 
 // Path names the path in use: Verbs.String() of the last answer,
@@ -336,21 +363,27 @@ func (k *Known) Path() string {
 	if k == nil || k.baseline {
 		return "baseline"
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.probed {
+	st := k.state.Load()
+	if st == nil {
 		return ""
 	}
-	return k.verbs.String()
+	return st.verbs.String()
 }
 
 // Forget makes the next Verbs probe again: a failover may have moved the
-// client to a node of another version.
+// client to a node of another version, or the server refused a newer verb.
+// Until then, Cached answers what was known, as not known.
 func (k *Known) Forget() {
 	if k == nil {
 		return
 	}
-	k.mu.Lock()
-	k.known = false
-	k.mu.Unlock()
+	for {
+		st := k.state.Load()
+		if st == nil || !st.known {
+			return
+		}
+		if k.state.CompareAndSwap(st, &knownState{verbs: st.verbs}) {
+			return
+		}
+	}
 }

@@ -2,6 +2,7 @@ package serverinfo
 
 import (
 	"context"
+	"io"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -151,5 +152,37 @@ func TestProbeOfAClusterAsksEveryMaster(t *testing.T) {
 	}
 	if NewKnown(client, false).NeedsProbe() {
 		t.Error("NeedsProbe of a cluster client: want false (one node cannot answer for all)")
+	}
+}
+
+// What an older node answers to a newer verb is a refused verb; other
+// replies and network errors are not.
+func TestRefusedVerb(t *testing.T) {
+	srv := testserver.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer client.Close()
+	ctx := context.Background()
+	if err := client.Set(ctx, "str", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []any
+		want bool
+	}{
+		// What Redis 7.0 answers to Redis 8's XADD ... IDMP, XREADGROUP
+		// ... CLAIM and XACKDEL.
+		{[]any{"XADD", "s", "NOSUCHOPTION", "x", "*", "f", "v"}, true},
+		{[]any{"XREADGROUP", "GROUP", "g", "c", "NOSUCHOPTION", "100", "STREAMS", "s", ">"}, true},
+		{[]any{"XNOSUCHCOMMAND", "s"}, true},
+		{[]any{"XADD", "str", "*", "f", "v"}, false}, // WRONGTYPE
+		{[]any{"XACK", "s", "nogroup", "1-1"}, false},
+	} {
+		err := client.Do(ctx, tc.args...).Err()
+		if got := RefusedVerb(err); got != tc.want {
+			t.Errorf("%v: RefusedVerb(%v) = %v, want %v", tc.args, err, got, tc.want)
+		}
+	}
+	if RefusedVerb(io.EOF) || RefusedVerb(nil) {
+		t.Error("a network error or none is no refused verb")
 	}
 }

@@ -411,10 +411,11 @@ func (l *Group) readShared(ctx context.Context) error {
 	es := w.Entries
 	if !w.Since.IsZero() && w.Since.Before(l.plan.drainBegan) {
 		// Read for this loop while it did not wait, by a read sent before
-		// its last drain began: what that read took, claimed entries
-		// included, was pending for this consumer when the drain read its
-		// pending list, so the drain delivered it if the drain went that far.
-		es = l.unseenByDrain(es)
+		// its last drain began.
+		var err error
+		if es, err = l.undrained(ctx, es); err != nil {
+			return fmt.Errorf("checking entries read before a drain: %w", err)
+		}
 	}
 	if !w.Since.IsZero() && time.Since(w.Since) >= l.cfg.ClaimMinIdle/2 {
 		// Read long enough ago that a peer may have reclaimed them: check
@@ -489,10 +490,38 @@ func (l *Group) unseen(es []Entry) []Entry {
 	return l.dropSeen(es, func(e Entry) bool { return e.Count <= 1 && l.plan.seen(e.ID) })
 }
 
-// unseenByDrain returns es without the entries the drain delivered
-// already, claimed ones included (see readShared).
-func (l *Group) unseenByDrain(es []Entry) []Entry {
-	return l.dropSeen(es, func(e Entry) bool { return l.plan.seen(e.ID) })
+// undrained returns the entries of es, read by a read sent before the
+// loop's last drain began, that the drain did not deliver. A new entry it
+// took was pending for this consumer when the drain read its pending list,
+// so the drain delivered it if the drain went that far (fetchPlan.seen). A
+// claimed one may have been claimed before or after the drain read that
+// far (a blocked read claims when it is woken): the server's count tells,
+// as the drain grew it if it delivered it; one whose count is still the
+// claim's is kept, one taken by another consumer meanwhile is dropped.
+func (l *Group) undrained(ctx context.Context, es []Entry) ([]Entry, error) {
+	var claimed []string
+	for _, e := range es {
+		if e.Count > 1 {
+			claimed = append(claimed, e.ID)
+		}
+	}
+	var counts []int64
+	if len(claimed) > 0 {
+		var err error
+		if counts, err = l.deps.Server.Hold(ctx, claimed); err != nil {
+			return nil, err
+		}
+	}
+	now := make(map[string]int64, len(claimed))
+	for i, id := range claimed {
+		now[id] = counts[i]
+	}
+	return l.dropSeen(es, func(e Entry) bool {
+		if e.Count > 1 {
+			return now[e.ID] != e.Count
+		}
+		return l.plan.seen(e.ID)
+	}), nil
 }
 
 // dropSeen returns es without the entries seen reports, logging each.

@@ -224,20 +224,27 @@ func (p *parkedWaiter) Wait(context.Context, int64, time.Duration) (Waited, erro
 func (p *parkedWaiter) Leave() []string { return nil }
 
 // Entries a shared read took while the loop did not wait, by a read sent
-// before the loop's last drain began, were pending for this consumer when
-// the drain read its pending list: those the drain reached are dropped,
-// claimed ones included. Parked by a read sent after the drain began, a
-// claimed entry is kept whatever its id.
+// before the loop's last drain began: a new one the drain reached (its id
+// at most the drain's last) was delivered by it and is dropped; a claimed
+// one is dropped when the server's count grew past the claim's (the drain
+// delivered it), kept when it is still the claim's (claimed after the
+// drain read that far, as a blocked read claims when it is woken: dropping
+// it would strand it, its count grown). Parked by a read sent after the
+// drain began, a claimed entry is kept whatever its id.
 func TestParkedClaimsOfAReadBeforeADrainAreNotDeliveredTwice(t *testing.T) {
 	for _, before := range []bool{true, false} {
-		l := newTestGroup(testConfig(), newFakeServer(0))
+		srv := newFakeServer(0)
+		srv.pending["3-0"] = 3 // claimed (2), then delivered by the drain
+		srv.pending["1-0"] = 2 // claimed after the drain read past it
+		srv.pending["7-0"] = 2
+		l := newTestGroup(testConfig(), srv)
 		sent := l.plan.drainBegan.Add(time.Millisecond)
 		if before {
 			sent = l.plan.drainBegan.Add(-time.Millisecond)
 		}
 		l.plan.drained("5-0")
 		l.plan.drained("")
-		l.deps.Shared = &parkedWaiter{w: Waited{Entries: []Entry{{ID: "3-0", Count: 2}, {ID: "4-0"}, {ID: "7-0", Count: 2}, {ID: "8-0"}}, Since: sent}}
+		l.deps.Shared = &parkedWaiter{w: Waited{Entries: []Entry{{ID: "1-0", Count: 2}, {ID: "3-0", Count: 2}, {ID: "4-0"}, {ID: "7-0", Count: 2}, {ID: "8-0"}}, Since: sent}}
 		if err := l.readShared(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -245,9 +252,9 @@ func TestParkedClaimsOfAReadBeforeADrainAreNotDeliveredTwice(t *testing.T) {
 		for _, e := range l.held.queue {
 			got = append(got, fmt.Sprintf("%s:%d", e.id, e.count))
 		}
-		want := []string{"7-0:2", "8-0:1"}
+		want := []string{"1-0:2", "7-0:2", "8-0:1"}
 		if !before {
-			want = []string{"3-0:2", "7-0:2", "8-0:1"}
+			want = []string{"1-0:2", "3-0:2", "7-0:2", "8-0:1"}
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("read sent before the drain %v: queued %v, want %v", before, got, want)

@@ -72,7 +72,7 @@ func TestNackRedeliversWithGrowingCountBeforeNewerEntries(t *testing.T) {
 
 	require.NoError(t, sub.Close())
 	assert.Empty(t, e.pending("g"), "Close must flush every Ack")
-	assert.Equal(t, int64(3), sub.Stats().Nacked)
+	assert.Equal(t, int64(3), sub.Stats().Nacks.Nacked)
 }
 
 func TestNackResendDelay(t *testing.T) {

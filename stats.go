@@ -26,28 +26,9 @@ type Stats struct {
 	// (missing bodies, dead-lettered undecodable entries). An entry that
 	// another consumer acknowledged first is not counted.
 	Acked int64
-	// Nacked counts Nacks.
-	Nacked int64
-	// NackWaits counts Nacks after which the message waited before it was
-	// delivered again (see NackResendDelay: by default every Nack but a
-	// message's first); NackWaitSeconds is the sum of those waits. A
-	// growing NackWaits is a message, or a handler, that keeps failing.
-	NackWaits       int64
-	NackWaitSeconds float64
-	// RetriesLater counts Nacks of messages marked with [RetryAfter] or
-	// [NackAfter] that were deferred: kept pending while the next messages
-	// were delivered, to come back when due. RetryLaterFallbacks counts
-	// those that found the subscription's deferred set full (BatchSize
-	// entries) and were Nacked plainly instead (waiting NackResendDelay).
-	RetriesLater        int64
-	RetryLaterFallbacks int64
-	// GivenUp counts messages whose handler gave up on them ([GiveUp],
-	// [Reject]) that the Subscriber dealt with: copied to the dead-letter
-	// stream (or, with NoDeadLetter, logged) and acknowledged; in fan-out,
-	// logged and skipped. A failed copy is counted in Faults instead. A
-	// GiveUp inside the [DeadLetter] middleware is the middleware's (see
-	// [DeadLetterCounts]): the Subscriber sees an Ack.
-	GivenUp int64
+	// Nacks are the counters of Nacks, and of what handlers decided with
+	// them (RetryAfter, GiveUp).
+	Nacks NackStats
 	// Drained counts own pending entries queued for delivery by a drain
 	// after a start or a fault, whether or not they were delivered before
 	// the subscription ended.
@@ -82,10 +63,6 @@ type Stats struct {
 	// yet: being handed over, in a handler's hands, or waiting to be
 	// delivered again after a Nack. At most one per subscription.
 	InFlight int64
-	// Deferred is a gauge: entries Nacked with [RetryAfter] or [NackAfter]
-	// waiting to come back, pending for this consumer and held by its
-	// subscriptions. At most BatchSize per subscription.
-	Deferred int64
 
 	// NotForThisGroup counts entries acknowledged without delivery because
 	// they are meant for another consumer group only: dead letters replayed
@@ -99,15 +76,51 @@ type Stats struct {
 	Verbs string
 }
 
+// NackStats are the Nack counters of a Subscriber's [Stats].
+type NackStats struct {
+	// Nacked counts Nacks.
+	Nacked int64
+	// Waits counts Nacks after which the message waited before it was
+	// delivered again (see NackResendDelay: by default every Nack but a
+	// message's first); WaitSeconds is the sum of those waits. A
+	// growing Waits is a message, or a handler, that keeps failing.
+	Waits       int64
+	WaitSeconds float64
+	// RetriesLater counts Nacks of messages marked with [RetryAfter] or
+	// [NackAfter] that were deferred: kept pending while the next messages
+	// were delivered, to come back when due. RetryLaterFallbacks counts
+	// those that found the subscription's deferred set full (BatchSize
+	// entries) and were Nacked plainly instead (waiting NackResendDelay).
+	RetriesLater        int64
+	RetryLaterFallbacks int64
+	// GivenUp counts messages whose handler gave up on them ([GiveUp],
+	// [Reject]) that the Subscriber dealt with: copied to the dead-letter
+	// stream (or, with NoDeadLetter, logged) and acknowledged; in fan-out,
+	// logged and skipped. A failed copy is counted in Faults instead. A
+	// GiveUp inside the [DeadLetter] middleware is the middleware's (see
+	// [DeadLetterCounts]): the Subscriber sees an Ack.
+	GivenUp int64
+	// Deferred is a gauge: entries Nacked with [RetryAfter] or [NackAfter]
+	// waiting to come back, pending for this consumer and held by its
+	// subscriptions. At most BatchSize per subscription.
+	Deferred int64
+}
+
 // Stats returns the Subscriber's counters and gauges.
 func (s *Subscriber) Stats() Stats {
 	c := &s.stats
 	return Stats{
-		Delivered:       c.Delivered.Load(),
-		Acked:           c.Acked.Load(),
-		Nacked:          c.Nacked.Load(),
-		NackWaits:       c.Nacks.Waits.Load(),
-		NackWaitSeconds: time.Duration(c.Nacks.WaitNanos.Load()).Seconds(),
+		Delivered: c.Delivered.Load(),
+		Acked:     c.Acked.Load(),
+		Nacks: NackStats{
+			Nacked:              c.Nacked.Load(),
+			Waits:               c.Nacks.Waits.Load(),
+			WaitSeconds:         time.Duration(c.Nacks.WaitNanos.Load()).Seconds(),
+			RetriesLater:        c.Nacks.RetriesLater.Load(),
+			RetryLaterFallbacks: c.Nacks.LaterFallbacks.Load(),
+			GivenUp:             c.Nacks.GivenUp.Load(),
+			Deferred:            c.Nacks.Deferred.Load(),
+		},
 		Drained:         c.Drained.Load(),
 		Reclaimed:       c.Reclaimed.Load(),
 		MissingBodies:   c.MissingBodies.Load(),
@@ -115,12 +128,7 @@ func (s *Subscriber) Stats() Stats {
 		Faults:          c.Faults.Load(),
 		ReadAhead:       c.ReadAhead.Load(),
 		InFlight:        c.InFlight.Load(),
-		Deferred:        c.Nacks.Deferred.Load(),
-
-		RetriesLater:        c.Nacks.RetriesLater.Load(),
-		RetryLaterFallbacks: c.Nacks.LaterFallbacks.Load(),
-		GivenUp:             c.Nacks.GivenUp.Load(),
-		NotForThisGroup:     c.notForThisGroup.Load(),
-		Verbs:               s.verbs.Path(),
+		NotForThisGroup: c.notForThisGroup.Load(),
+		Verbs:           s.verbs.Path(),
 	}
 }

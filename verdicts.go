@@ -39,7 +39,7 @@ const (
 //
 // Bounds: a subscription keeps at most BatchSize such entries at once;
 // beyond that a RetryAfter is a plain Nack (counted in
-// [Stats].RetryLaterFallbacks). When the subscription ends before d has
+// [NackStats].RetryLaterFallbacks). When the subscription ends before d has
 // passed, the entry is handed back so that a peer takes it when it is due,
 // or after ClaimMinIdle if it is due later than that; a process that dies
 // leaves it to the peers' claims after ClaimMinIdle, and a restart under

@@ -59,7 +59,7 @@ func TestRetryAfterInARouterLetsTheOthersFlowOn(t *testing.T) {
 		return nil
 	})
 	waitUntil(t, "the two others handled and acknowledged", func() bool {
-		return e.pendingCount(e.topic, "g") == 1 && sub.Stats().Deferred == 1
+		return e.pendingCount(e.topic, "g") == 1 && sub.Stats().Nacks.Deferred == 1
 	})
 	entryID := e.pending("g")[0].ID
 	// Three times ClaimMinIdle: without the hold, the subscription's own
@@ -69,14 +69,14 @@ func TestRetryAfterInARouterLetsTheOthersFlowOn(t *testing.T) {
 	got := append([]string(nil), order...)
 	mu.Unlock()
 	assert.Equal(t, []string{sent[0].UUID, sent[1].UUID, sent[2].UUID}, got, "the deferred message is delivered once, the others after it")
-	assert.EqualValues(t, 1, sub.Stats().RetriesLater)
+	assert.EqualValues(t, 1, sub.Stats().Nacks.RetriesLater)
 	assert.EqualValues(t, 1, e.pendingOf("g", entryID).RetryCount, "waiting grows no count")
 
 	stop()
 	p := e.pendingOf("g", entryID)
 	assert.EqualValues(t, 1, p.RetryCount, "handing back grows no count")
 	assert.Less(t, p.Idle, 300*time.Millisecond, "due later than ClaimMinIdle: handed back idle 0, taken after ClaimMinIdle")
-	assert.EqualValues(t, 0, sub.Stats().Deferred)
+	assert.EqualValues(t, 0, sub.Stats().Nacks.Deferred)
 
 	peer := e.subscribe(e.subscriber("g", "peer", shortClaim))
 	m := receive(t, peer)
@@ -107,8 +107,8 @@ func TestNackAfterOnAChannelComesBackWhenDue(t *testing.T) {
 	again.Ack()
 	waitUntil(t, "nothing pending", func() bool { return e.pendingCount(e.topic, "g") == 0 })
 	st := sub.Stats()
-	assert.EqualValues(t, 1, st.RetriesLater)
-	assert.EqualValues(t, 0, st.NackWaits, "a retry later waits its own delay, not the Nack backoff")
+	assert.EqualValues(t, 1, st.Nacks.RetriesLater)
+	assert.EqualValues(t, 0, st.Nacks.Waits, "a retry later waits its own delay, not the Nack backoff")
 }
 
 // A subscription that ends hands a deferred entry back with the idle time
@@ -124,7 +124,7 @@ func TestAClosedSubscriptionHandsDeferredEntriesBackForWhenTheyAreDue(t *testing
 	m := receive(t, msgs)
 	entryID := m.Metadata.Get(valkeystream.MetadataEntryID)
 	valkeystream.NackAfter(m, 20*time.Second)
-	waitUntil(t, "deferred", func() bool { return sub.Stats().Deferred == 1 })
+	waitUntil(t, "deferred", func() bool { return sub.Stats().Nacks.Deferred == 1 })
 	require.NoError(t, sub.Close())
 
 	p := e.pendingOf("g", entryID)
@@ -176,7 +176,7 @@ func TestGiveUpInARouterDeadLettersOnceWithTheReason(t *testing.T) {
 	}
 	expectNothingFor(t, 200*time.Millisecond, func() bool { return seen.calls() > 1 || len(e.stored(deadKey)) > 1 })
 	assert.Equal(t, []int{1}, seen.of(sent.UUID))
-	assert.EqualValues(t, 1, sub.Stats().GivenUp)
+	assert.EqualValues(t, 1, sub.Stats().Nacks.GivenUp)
 }
 
 // expectNothingFor fails if happened holds within d.
@@ -218,8 +218,8 @@ func TestGiveUpInsideTheDeadLetterMiddlewareMakesOneDeadLetter(t *testing.T) {
 	assert.NotContains(t, dead.Metadata, valkeystream.MetadataGiveUp)
 	assert.Equal(t, 1, seen.calls(), "Retry with IsFinal does not call the handler again")
 	st := sub.Stats()
-	assert.EqualValues(t, 0, st.GivenUp, "the middleware gave it up; the Subscriber saw an Ack")
-	assert.EqualValues(t, 0, st.Nacked)
+	assert.EqualValues(t, 0, st.Nacks.GivenUp, "the middleware gave it up; the Subscriber saw an Ack")
+	assert.EqualValues(t, 0, st.Nacks.Nacked)
 }
 
 // Reject on a plain channel: one dead letter with the reason, nothing
@@ -249,7 +249,7 @@ func TestRejectOnAChannel(t *testing.T) {
 				assert.Equal(t, m.UUID, dead[0].UUID)
 				assert.Equal(t, "malformed order", dead[0].Metadata.Get(valkeystream.MetadataError))
 			}
-			assert.EqualValues(t, 1, sub.Stats().GivenUp)
+			assert.EqualValues(t, 1, sub.Stats().Nacks.GivenUp)
 		})
 	}
 }
@@ -272,7 +272,7 @@ func TestAGiveUpWhoseCopyFailsStaysPending(t *testing.T) {
 	valkeystream.Reject(m, errors.New("malformed order"))
 	waitUntil(t, "the failed copy counted", func() bool { return sub.Stats().Faults > 0 })
 	assert.EqualValues(t, 1, e.pendingCount(e.topic, "g"), "a failed copy leaves it pending")
-	assert.EqualValues(t, 0, sub.Stats().GivenUp)
+	assert.EqualValues(t, 0, sub.Stats().Nacks.GivenUp)
 
 	require.NoError(t, e.client.Del(ctx, deadKey).Err())
 	again := receive(t, msgs) // reclaimed after ClaimMinIdle
@@ -282,5 +282,5 @@ func TestAGiveUpWhoseCopyFailsStaysPending(t *testing.T) {
 	waitUntil(t, "dead-lettered and acknowledged", func() bool {
 		return len(e.stored(deadKey)) == 1 && e.pendingCount(e.topic, "g") == 0
 	})
-	assert.EqualValues(t, 1, sub.Stats().GivenUp)
+	assert.EqualValues(t, 1, sub.Stats().Nacks.GivenUp)
 }

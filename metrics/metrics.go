@@ -225,16 +225,16 @@ var subscriberCounters = []struct {
 }{
 	{desc("subscriber_delivered_total", "Messages sent on subscription channels, redeliveries included.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Delivered }},
 	{desc("subscriber_acked_total", "Entries acknowledged to the server (XACK).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Acked }},
-	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacked }},
-	{desc("subscriber_nack_waits_total", "Nacks after which the message waited (the Nack backoff) before it was delivered again.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NackWaits }},
+	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.Nacked }},
+	{desc("subscriber_nack_waits_total", "Nacks after which the message waited (the Nack backoff) before it was delivered again.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.Waits }},
 	{desc("subscriber_drained_total", "Own pending entries delivered again after a start or a fault.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Drained }},
 	{desc("subscriber_reclaimed_total", "Entries taken over from idle consumers (XAUTOCLAIM, or inside reads with XREADGROUP ... CLAIM).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Reclaimed }},
 	{desc("subscriber_missing_bodies_total", "Pending entries trimmed or deleted before they were handled; acknowledged, never delivered.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.MissingBodies }},
 	{desc("subscriber_invalid_entries_total", "Entries that could not be decoded; dead-lettered with a group, skipped in fan-out.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InvalidEntries }},
 	{desc("subscriber_not_for_this_group_total", "Entries acknowledged without delivery because they are meant for another consumer group only (replayed dead letters).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.NotForThisGroup }},
-	{desc("subscriber_retries_later_total", "Nacks with RetryAfter or NackAfter deferred: the next messages were delivered while they waited.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.RetriesLater }},
-	{desc("subscriber_retry_later_fallbacks_total", "RetryAfter or NackAfter Nacks that found the deferred set full (BatchSize) and waited the Nack backoff instead.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.RetryLaterFallbacks }},
-	{desc("subscriber_given_up_total", "Messages given up by their handlers (GiveUp, Reject) that the subscriber dead-lettered (or logged) and acknowledged.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.GivenUp }},
+	{desc("subscriber_retries_later_total", "Nacks with RetryAfter or NackAfter deferred: the next messages were delivered while they waited.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.RetriesLater }},
+	{desc("subscriber_retry_later_fallbacks_total", "RetryAfter or NackAfter Nacks that found the deferred set full (BatchSize) and waited the Nack backoff instead.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.RetryLaterFallbacks }},
+	{desc("subscriber_given_up_total", "Messages given up by their handlers (GiveUp, Reject) that the subscriber dead-lettered (or logged) and acknowledged.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.GivenUp }},
 	{desc("subscriber_faults_total", "Failed calls to the server: reads, claims, Acks, hold beats, lease renewals.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Faults }},
 }
 
@@ -244,7 +244,7 @@ var subscriberGauges = []struct {
 	get  func(valkeystream.Stats) int64
 }{
 	{desc("subscriber_read_ahead", "Entries fetched and waiting in the subscriptions' queues to be delivered; with a group they are pending on the server.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.ReadAhead }},
-	{desc("subscriber_deferred", "Entries Nacked with RetryAfter or NackAfter waiting to come back, pending for and held by the subscriptions.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Deferred }},
+	{desc("subscriber_deferred", "Entries Nacked with RetryAfter or NackAfter waiting to come back, pending for and held by the subscriptions.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.Deferred }},
 	{desc("subscriber_in_flight", "Messages taken from the queues and not settled yet: being handed over, in a handler, or waiting to be delivered again after a Nack.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.InFlight }},
 }
 
@@ -369,7 +369,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, sg := range subscriberGauges {
 			ch <- prometheus.MustNewConstMetric(sg.desc, prometheus.GaugeValue, float64(sg.get(stats)), name)
 		}
-		ch <- prometheus.MustNewConstMetric(descNackWaitSeconds, prometheus.CounterValue, stats.NackWaitSeconds, name)
+		ch <- prometheus.MustNewConstMetric(descNackWaitSeconds, prometheus.CounterValue, stats.Nacks.WaitSeconds, name)
 		if stats.Verbs != "" {
 			ch <- prometheus.MustNewConstMetric(descSubscriberVerbs, prometheus.GaugeValue, 1, name, stats.Verbs)
 		}

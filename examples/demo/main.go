@@ -244,7 +244,7 @@ func consumeWithRouter(ctx context.Context, client redis.UniversalClient, logger
 	}
 	st := sub.Stats()
 	fmt.Printf("   all %d messages handled; router closed (subscriber stats: %d deliveries, %d Nacks, %d Acks)\n",
-		len(published), st.Delivered, st.Nacked, st.Acked)
+		len(published), st.Delivered, st.Nacks.Nacked, st.Acked)
 
 	mu.Lock()
 	defer mu.Unlock()

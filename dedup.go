@@ -266,9 +266,30 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		d.stats.handled.Add(1)
 		stop := d.renew(key, token)
 		flagged, givenUp := withGivenUpFlag(ctx)
-		msg.SetContext(flagged)
+		pending := &pendingMark{key: key, window: d.config.Window}
+		msg.SetContext(context.WithValue(flagged, pendingMarkKey{}, pending))
 		produced, herr := h(msg)
 		msg.SetContext(ctx)
+		switch pending.outcome() { // an ExactlyOnce inside took the mark (step.go)
+		case markCommitted:
+			stop()
+			d.stats.marked.Add(1)
+			return produced, herr
+		case markDropped:
+			stop()
+			d.release(ctx, msg, key, token)
+			return produced, herr
+		}
+		if st, _ := ctx.Value(stepKey{}).(*step); st != nil && herr == nil && !givenUp.Load() {
+			// An ExactlyOnce outside writes the done mark in its step.
+			pending.settle = func(o markOutcome) { d.settleStepMark(ctx, msg, key, token, o, stop) }
+			if err := st.addMark(pending); err != nil {
+				stop()
+				d.release(ctx, msg, key, token)
+				return nil, err
+			}
+			return produced, nil
+		}
 		if herr == nil && givenUp.Load() {
 			// Dead-lettered, not handled: no done mark, so that a replay of
 			// the dead letter is handled (givenup.go).
@@ -300,6 +321,20 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		d.markDone(ctx, msg, key, token)
 		return produced, nil
+	}
+}
+
+// settleStepMark ends a handling whose done mark was given to the step of
+// an ExactlyOnce around the Deduplicator, once the step's outcome is known.
+func (d *Deduplicator) settleStepMark(ctx context.Context, msg *message.Message, key, token string, o markOutcome, stop func()) {
+	stop()
+	switch o {
+	case markCommitted:
+		d.stats.marked.Add(1)
+	case markDropped:
+		d.release(ctx, msg, key, token)
+	case markPlain:
+		d.markDone(ctx, msg, key, token)
 	}
 }
 

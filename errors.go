@@ -24,6 +24,13 @@ var (
 	// field.
 	ErrInvalidMessage = errors.New("valkeystream: invalid message")
 
+	// ErrNotAtomic is wrapped by the errors of an [ExactlyOnce] handling
+	// whose outputs and Ack cannot be one step: a message not delivered by
+	// a consumer group, a Publisher of another client, keys in more than
+	// one cluster hash slot, or a message published after its handler
+	// returned. The handling fails; nothing of it is written.
+	ErrNotAtomic = errors.New("valkeystream: the outputs and the Ack cannot be one atomic step")
+
 	// ErrInvalidEntry is wrapped by errors about a stream entry that cannot
 	// be decoded into a message.
 	ErrInvalidEntry = errors.New("valkeystream: invalid entry")

@@ -88,6 +88,15 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 // After a connection error on a cluster client, Publish makes the client
 // reload its slot map, so that calls find a newly promoted master promptly.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) {
+	if st, err := stepOf(msgs); st != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		if topic == "" {
+			return errors.New("valkeystream: publish: topic is empty")
+		}
+		return st.publish(p, topic, msgs) // see step.go: written when the handling commits
+	}
 	defer func() { p.stats.published(len(msgs), err) }()
 	if topic == "" {
 		return errors.New("valkeystream: publish: topic is empty")
@@ -108,26 +117,10 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	defer cancel()
 	req := combine.NewRequest(len(msgs))
 	args := req.Args
-	retention, trim := p.config.Retention[topic]
-	minID := ""
-	if trim && retention.MaxAge > 0 {
-		if oldest := time.Now().Add(-retention.MaxAge).UnixMilli(); oldest > 0 {
-			minID = strconv.FormatInt(oldest, 10)
-		} else {
-			trim = false // no entry is that old
-		}
-	}
-	var verbs serverinfo.Verbs
-	if p.verbsNeeded(trim, retention) {
-		var err error
-		if verbs, err = p.serverVerbs(ctx); err != nil {
-			p.failover.Failed(p.config.Client, err)
-			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
-		}
-	}
-	mode := ""
-	if trim {
-		mode = p.trimMode(topic, retention, verbs)
+	trim, verbs, err := p.trimmingOf(ctx, topic)
+	if err != nil {
+		p.failover.Failed(p.config.Client, err)
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
 	}
 	idempotent := p.config.IdempotentWindow > 0
 	idmp := idempotent && verbs.IdempotentAdd
@@ -143,12 +136,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs),
 				Err: fmt.Errorf("encoding message %s: %w", msg.UUID, err)}
 		}
-		args[i] = redis.XAddArgs{Stream: key, Values: fields, Mode: mode}
-		if trim {
-			args[i].MaxLen = retention.MaxLen
-			args[i].MinID = minID
-			args[i].Approx = true
-		}
+		args[i] = redis.XAddArgs{Stream: key, Values: fields}
+		trim.apply(&args[i])
 		switch {
 		case !idempotent || msg.UUID == "":
 		case idmp:
@@ -191,6 +180,47 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	// No per-call log line: a Watermill logger cannot say whether it would
 	// drop a line, so the fields alone would cost an allocation per call.
 	return nil
+}
+
+// trimming is how the XADDs of one call trim their stream.
+type trimming struct {
+	on     bool
+	maxLen int64
+	minID  string
+	mode   string // "ACKED" or ""
+}
+
+// trimmingOf returns how XADDs to topic trim its stream now, and the
+// server's verbs when the call needs them (see verbsNeeded).
+func (p *Publisher) trimmingOf(ctx context.Context, topic string) (trimming, serverinfo.Verbs, error) {
+	var t trimming
+	retention, trim := p.config.Retention[topic]
+	if trim && retention.MaxAge > 0 {
+		if oldest := time.Now().Add(-retention.MaxAge).UnixMilli(); oldest > 0 {
+			t.minID = strconv.FormatInt(oldest, 10)
+		} else {
+			trim = false // no entry is that old
+		}
+	}
+	var verbs serverinfo.Verbs
+	if p.verbsNeeded(trim, retention) {
+		var err error
+		if verbs, err = p.serverVerbs(ctx); err != nil {
+			return t, verbs, err
+		}
+	}
+	if trim {
+		t.on, t.maxLen = true, retention.MaxLen
+		t.mode = p.trimMode(topic, retention, verbs)
+	}
+	return t, verbs, nil
+}
+
+// apply sets the trimming of a.
+func (t trimming) apply(a *redis.XAddArgs) {
+	if t.on {
+		a.MaxLen, a.MinID, a.Approx, a.Mode = t.maxLen, t.minID, true, t.mode
+	}
 }
 
 // failed is told the error of a failed call: after one that a failover

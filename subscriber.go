@@ -213,7 +213,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		defer health.end()
 		defer cancel()
 		defer unwatch()
-		run(runCtx)
+		run(s.withStepSource(runCtx)) // see exactlyonce.go
 	}()
 	return out, nil
 }

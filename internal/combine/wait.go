@@ -59,21 +59,35 @@ func (w ReplicaWait) Pipeline(ctx context.Context, client redis.UniversalClient,
 // It returns the script's error, or else the check of the WAIT reply: nil,
 // or a *NotReplicatedError.
 func (w ReplicaWait) RunScript(ctx context.Context, client redis.UniversalClient, key string, script *redis.Script, keys []string, args ...any) error {
+	run, err := w.Run(ctx, client, key, script, keys, args...)
+	if err != nil {
+		return err
+	}
+	if err := run.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	return nil
+}
+
+// Run runs script as RunScript does, and returns its reply. The error is
+// the failure to reach key's master, or the check of the WAIT reply when
+// the script succeeded; the script's own error is the reply's.
+func (w ReplicaWait) Run(ctx context.Context, client redis.UniversalClient, key string, script *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
 	if w.Replicas == 0 {
-		return script.Run(ctx, client, keys, args...).Err()
+		return script.Run(ctx, client, keys, args...), nil
 	}
 	pipe, err := w.Pipeline(ctx, client, key)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	run := script.Eval(ctx, pipe, keys, args...)
 	wait := w.command(ctx)
 	_ = pipe.Process(ctx, wait)
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	if err := run.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return err
+		return run, nil
 	}
-	return w.check(wait)
+	return run, w.check(wait)
 }
 
 // command returns the WAIT command for w.

@@ -134,6 +134,9 @@ type Counters struct {
 	MissingBodies, InvalidEntries, Faults        atomic.Int64
 	ReadAhead, InFlight                          atomic.Int64
 	Nacks                                        NackCounters
+	// Settled counts Acks that sent no XACK: the handling acknowledged
+	// the entry itself (see Delivery.Settle).
+	Settled atomic.Int64
 }
 
 // NackCounters count what came of Nacks: the waits before a redelivery,

@@ -35,18 +35,27 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 		}
 		msg.Metadata.Set(MetadataDeliveryCount, strconv.FormatInt(e.count, 10))
 		clearVerdict(msg)
-		msgCtx, cancel := context.WithCancel(msgBase)
+		withDelivery, delivery := l.withDelivery(msgBase, &e)
+		msgCtx, cancel := context.WithCancel(withDelivery)
 		msg.SetContext(msgCtx)
 		result := l.deliver(ctx, msg)
 		cancel()
 		switch result {
 		case acked:
+			if delivery.Settled() {
+				l.deps.Counters.Settled.Add(1)
+				return true
+			}
 			l.acks.add(e.id)
 			if l.acks.atOnce() {
 				l.acks.failed(l.acks.flush(ctx, l.deps.Server))
 			}
 			return true
 		case ackedThenStopped:
+			if delivery.Settled() {
+				l.deps.Counters.Settled.Add(1)
+				return false
+			}
 			l.acks.add(e.id)
 			return false
 		case stopped:

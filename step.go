@@ -1,0 +1,416 @@
+package valkeystream
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/combine"
+	delayed "github.com/echomq/valkeystream/internal/delay"
+	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/slot"
+)
+
+// stepKey is the context key of the step of a handling (see ExactlyOnce).
+type stepKey struct{}
+
+// step is what one handling under ExactlyOnce writes in one step with its
+// input's acknowledgement: the script's keys (the input stream first) and
+// operations, gathered while the handler runs.
+type step struct {
+	x   *ExactlyOnce
+	src *stepSource
+	d   *loop.Delivery
+	// publishTopic is the router's publish topic of the handler, for the
+	// messages it returns.
+	publishTopic string
+
+	mu    sync.Mutex // guards all below: a handler may publish from several goroutines
+	ended bool       // the handler returned: no more outputs
+	keys  []string
+	types []byte // of each key after the first: 's' stream, 'z' sorted set, 'k' string
+	ops   []any
+	// outputs counts the messages written; delayedTo the streams of
+	// delayed ones, whose Subscribers of this process are woken.
+	outputs   int
+	delayedTo []string
+	wait      combine.ReplicaWait
+	// crossSlot is the first key outside the input's slot (cluster);
+	// plain keeps the outputs for NonAtomicFallback.
+	crossSlot string
+	plain     []plainOutput
+	marks     stepMarks
+}
+
+// plainOutput is one Publish call of a step's outputs.
+type plainOutput struct {
+	pub   *Publisher
+	topic string
+	msgs  []*message.Message
+}
+
+// stepMarks are the Deduplicator marks a step writes: of a Deduplicator
+// around ExactlyOnce (inner, registered on the step) and of one inside it
+// (fromOuter, found in the input's context).
+type stepMarks struct {
+	inner     []*pendingMark
+	fromOuter *pendingMark
+}
+
+// stepOf returns the step the messages' contexts carry, or nil; an error
+// when some carry one and others another or none.
+func stepOf(msgs []*message.Message) (*step, error) {
+	var st *step
+	for i, m := range msgs {
+		s, _ := m.Context().Value(stepKey{}).(*step)
+		if i > 0 && s != st {
+			return nil, fmt.Errorf("%w: one Publish call mixes messages of an exactly-once handling's context with others: publish them in separate calls", ErrNotAtomic)
+		}
+		st = s
+	}
+	return st, nil
+}
+
+// publish adds msgs, published by p to topic while the handler runs, to
+// the step.
+func (st *step) publish(p *Publisher, topic string, msgs []*message.Message) error {
+	return st.add(p, topic, msgs, false)
+}
+
+// add adds msgs, published by p to topic, to the step: by the handler
+// (returned false) or returned by it.
+func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returned bool) error {
+	if p.config.Client != st.src.client {
+		return fmt.Errorf("%w: a message published with an exactly-once handling's context goes through a Publisher of another client than the Subscriber's: use one redis.UniversalClient for both",
+			ErrNotAtomic)
+	}
+	ctx, cancel := publishContext(msgs)
+	defer cancel()
+	trim, _, err := p.trimmingOf(ctx, topic)
+	if err != nil {
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	}
+	key := p.config.KeyPrefix + topic
+	now := time.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended && !returned {
+		return fmt.Errorf("%w: a message was published with the context of an exactly-once handling after its handler returned: publish before returning", ErrNotAtomic)
+	}
+	ops, n := st.ops, len(st.ops)
+	for _, m := range msgs {
+		fields, err := p.config.Marshaler.Marshal(topic, m)
+		if err != nil {
+			st.ops = ops[:n]
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: fmt.Errorf("encoding message %s: %w", m.UUID, err)}
+		}
+		wait, err := delayOf(m, now)
+		if err != nil {
+			st.ops = ops[:n]
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
+		if err := st.addOutput(key, trim, fields, wait); err != nil {
+			st.ops = ops[:n]
+			return err
+		}
+	}
+	st.outputs += len(msgs)
+	st.plain = append(st.plain, plainOutput{pub: p, topic: topic, msgs: msgs})
+	if p.config.WaitReplicas > st.wait.Replicas {
+		st.wait = combine.ReplicaWait{Replicas: p.config.WaitReplicas, Timeout: p.config.WaitTimeout}
+	}
+	return nil
+}
+
+// addOutput adds one message's write: an XADD to key, or, when it waits,
+// its member in key's sorted set of delayed messages. The caller holds mu.
+func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Duration) error {
+	if wait > 0 {
+		dk, err := DelayedKey(key)
+		if err != nil {
+			return err
+		}
+		member, err := encodeDelayedEntry(fields)
+		if err != nil {
+			return err
+		}
+		i, err := st.key(dk, 'z')
+		if err != nil {
+			return err
+		}
+		st.ops = append(st.ops, "DELAY", i, 2, ceilMillis(wait), member)
+		st.delayedTo = append(st.delayedTo, key)
+		return nil
+	}
+	i, err := st.key(key, 's')
+	if err != nil {
+		return err
+	}
+	words := 1 + len(fields)
+	if trim.on {
+		if trim.mode != "" {
+			words++
+		}
+		if trim.maxLen > 0 || trim.minID != "" {
+			words += 3
+		}
+	}
+	st.ops = append(st.ops, "XADD", i, words)
+	if trim.on {
+		if trim.mode != "" {
+			st.ops = append(st.ops, trim.mode)
+		}
+		switch {
+		case trim.maxLen > 0:
+			st.ops = append(st.ops, "MAXLEN", "~", trim.maxLen)
+		case trim.minID != "":
+			st.ops = append(st.ops, "MINID", "~", trim.minID)
+		}
+	}
+	st.ops = append(st.ops, "*")
+	st.ops = append(st.ops, fields...)
+	return nil
+}
+
+// addReturned adds the messages a router handler returned, for the
+// router's publish topic, as the ExactlyOnce Publisher publishes them.
+func (st *step) addReturned(msgs []*message.Message) error {
+	if st.publishTopic == "" {
+		return fmt.Errorf("%w: the handler returned %d messages, but the router gave it no publish topic", ErrNotAtomic, len(msgs))
+	}
+	return st.add(st.x.config.Publisher, st.publishTopic, msgs, true)
+}
+
+// addMark adds the done mark of a Deduplicator to the step.
+func (st *step) addMark(m *pendingMark) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	i, err := st.key(m.key, 'k')
+	if err != nil {
+		return err
+	}
+	st.ops = append(st.ops, "SET", i, 3, dedupDone, "PX", m.window.Milliseconds())
+	if m != st.marks.fromOuter {
+		st.marks.inner = append(st.marks.inner, m)
+	}
+	return nil
+}
+
+// key returns the index in KEYS of key, adding it with its type. On a
+// cluster, a key outside the input's slot is refused (or, with
+// NonAtomicFallback, remembered).
+func (st *step) key(key string, typ byte) (int, error) {
+	for i, k := range st.keys {
+		if k == key {
+			return i + 1, nil
+		}
+	}
+	if err := st.checkSlot(key); err != nil {
+		return 0, err
+	}
+	st.keys = append(st.keys, key)
+	st.types = append(st.types, typ)
+	return len(st.keys), nil
+}
+
+// checkSlot returns an error wrapping ErrNotAtomic when the client cannot
+// write key in one step with the input stream: on a cluster, another hash
+// slot; on a ring, another hash tag.
+func (st *step) checkSlot(key string) error {
+	input := st.d.Stream
+	same := true
+	switch st.src.client.(type) {
+	case *redis.ClusterClient:
+		same = slot.Of(key) == slot.Of(input)
+	case *redis.Ring:
+		same = slot.Tag(key) == slot.Tag(input)
+	}
+	if same {
+		return nil
+	}
+	if st.x.config.NonAtomicFallback {
+		if st.crossSlot == "" {
+			st.crossSlot = key
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: key %q is not in the cluster hash slot of stream %q, so it cannot be written in one step with the input's Ack: give the topics one hash tag, such as {orders}.in and {orders}.out (docs/reliability.md), or set ExactlyOnceConfig.NonAtomicFallback",
+		ErrNotAtomic, key, input)
+}
+
+// end closes the step to more outputs: the handler returned.
+func (st *step) end() {
+	st.mu.Lock()
+	st.ended = true
+	st.mu.Unlock()
+}
+
+// stepOutcome is what the step's script found.
+type stepOutcome struct {
+	committed bool
+	why       string // when not committed: "acknowledged" or "delivered again to <consumer>, count <n>"
+}
+
+// send runs the step's script once.
+func (st *step) send(ctx context.Context) (stepOutcome, error) {
+	ack := "XACK"
+	if st.src.deleteAcked {
+		ack = "XACKDEL"
+	}
+	args := make([]any, 0, 6+len(st.ops))
+	args = append(args, st.d.Group, st.d.Consumer, st.d.ID, st.d.Count, ack, string(st.types))
+	args = append(args, st.ops...)
+	run, err := st.wait.Run(ctx, st.src.client, st.d.Stream, stepScript, st.keys, args...)
+	if err != nil && run == nil {
+		return stepOutcome{}, err
+	}
+	reply, rerr := run.Slice()
+	if rerr != nil {
+		return stepOutcome{}, rerr
+	}
+	if err != nil {
+		err = notReplicated(err)
+	}
+	if len(reply) > 0 && reply[0] == "ok" {
+		if len(st.delayedTo) > 0 {
+			for _, k := range st.delayedTo {
+				delayed.Notify(k)
+			}
+		}
+		return stepOutcome{committed: true}, err
+	}
+	if len(reply) >= 3 {
+		return stepOutcome{why: fmt.Sprintf("delivered again to %v, delivery count %v", reply[1], reply[2])}, nil
+	}
+	return stepOutcome{why: "acknowledged"}, nil
+}
+
+// committed tells the marks of the step that it committed.
+func (st *step) committed() { st.finishMarks(markCommitted) }
+
+// abort tells the marks of the step that it wrote nothing.
+func (st *step) abort() { st.finishMarks(markDropped) }
+
+// fellBack tells the marks of a Deduplicator around ExactlyOnce that the
+// outputs were published the usual way; the one inside writes its own.
+func (st *step) fellBack() { st.finishInner(markPlain) }
+
+func (st *step) finishMarks(o markOutcome) {
+	st.finishInner(o)
+	if st.marks.fromOuter != nil {
+		st.marks.fromOuter.finish(o)
+	}
+}
+
+func (st *step) finishInner(o markOutcome) {
+	st.mu.Lock()
+	marks := append([]*pendingMark(nil), st.marks.inner...)
+	st.mu.Unlock()
+	for _, m := range marks {
+		m.finish(o)
+	}
+}
+
+// stepScript is the step: if entry ARGV[3] of stream KEYS[1] is pending
+// for consumer ARGV[2] of group ARGV[1] with delivery count ARGV[4], it
+// checks the types of the other keys (ARGV[6], a letter per key), runs the
+// operations from ARGV[7] on (each: name, key index, argument count,
+// arguments), acknowledges the entry with ARGV[5] (XACK or XACKDEL) and
+// returns {"ok"}; otherwise it writes nothing and returns {"gone"} or
+// {"taken", consumer, count}. The checks come first, so that no write
+// precedes a refusal: a script's writes are not undone by a later error.
+var stepScript = redis.NewScript(`
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #p == 0 then
+  return {'gone'}
+end
+if p[1][2] ~= ARGV[2] or tonumber(p[1][4]) ~= tonumber(ARGV[4]) then
+  return {'taken', p[1][2], p[1][4]}
+end
+local want = {s = 'stream', z = 'zset', k = 'string'}
+for i = 2, #KEYS do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  local w = want[string.sub(ARGV[6], i - 1, i - 1)]
+  if t ~= 'none' and t ~= w then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[i] .. ' holds a ' .. t .. ', not a ' .. w .. ': nothing of the step was written')
+  end
+end
+local now
+local i = 7
+while i <= #ARGV do
+  local op, k, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+  local a = {}
+  for j = 1, n do
+    a[j] = ARGV[i + 2 + j]
+  end
+  if op == 'DELAY' then
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+    end
+    redis.call('ZADD', k, 'NX', now + tonumber(a[1]), a[2])
+  else
+    redis.call(op, k, unpack(a))
+  end
+  i = i + 3 + n
+end
+if ARGV[5] == 'XACKDEL' then
+  redis.call('XACKDEL', KEYS[1], ARGV[1], 'ACKED', 'IDS', 1, ARGV[3])
+else
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+end
+return {'ok'}
+`)
+
+// markOutcome is what became of a Deduplicator's done mark given to a step.
+type markOutcome int32
+
+const (
+	markOpen      markOutcome = iota // not given to a committed or aborted step: the Deduplicator writes it
+	markCommitted                    // written by the step
+	markDropped                      // the step wrote nothing: the Deduplicator releases its in-progress mark
+	markPlain                        // the outputs were published the usual way (NonAtomicFallback): the Deduplicator writes its mark
+)
+
+// pendingMark is the done mark of one handling of a Deduplicator, for a
+// step to write.
+type pendingMark struct {
+	key    string
+	window time.Duration
+	state  atomic.Int32
+	// settle, unless nil, is called once with the outcome (a Deduplicator
+	// inside ExactlyOnce, whose middleware has returned by then).
+	settle func(markOutcome)
+}
+
+func (m *pendingMark) finish(o markOutcome) {
+	if m.state.CompareAndSwap(int32(markOpen), int32(o)) && m.settle != nil {
+		m.settle(o)
+	}
+}
+
+func (m *pendingMark) outcome() markOutcome { return markOutcome(m.state.Load()) }
+
+// pendingMarkKey is the context key of the pending mark a Deduplicator
+// gives the handler it wraps.
+type pendingMarkKey struct{}
+
+// markOf returns the pending mark of a Deduplicator around the handling
+// whose context is ctx, or nil.
+func markOf(ctx context.Context) *pendingMark {
+	m, _ := ctx.Value(pendingMarkKey{}).(*pendingMark)
+	return m
+}
+
+// isGivenUp reports whether a DeadLetter or DeliveryLimit inside gave up
+// on the handling whose context is ctx (givenup.go).
+func isGivenUp(ctx context.Context) bool {
+	flag, ok := ctx.Value(givenUpKey{}).(*atomic.Bool)
+	return ok && flag.Load()
+}
+

@@ -239,7 +239,9 @@ func (d deadLetter) publish(ctx context.Context, msg *message.Message, o origin,
 	dead := deadLetterRecord(msg, o, cause.Error())
 	// The publish is not cut short by a deadline that made the handler
 	// fail (middleware.Timeout); a closing subscription never gets here.
-	dead.SetContext(context.WithoutCancel(ctx))
+	// Nor does it join the step of an ExactlyOnce around (step.go): a
+	// dead letter is written before the handling ends, as without one.
+	dead.SetContext(context.WithValue(context.WithoutCancel(ctx), stepKey{}, (*step)(nil)))
 
 	if err := d.config.Publisher.Publish(topic, dead); err != nil {
 		return fmt.Errorf("valkeystream: publishing message %s to dead-letter topic %q: %w", msg.UUID, topic, err)

@@ -174,6 +174,11 @@ func (x *ExactlyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if st.crossSlot != "" {
 			return x.nonAtomic(st, msg)
 		}
+		if len(st.ops) == 0 {
+			// Nothing to write with the Ack: the router's Ack sends it,
+			// batched as any other.
+			return nil, nil
+		}
 		return nil, x.commit(ctx, st, msg)
 	}
 }

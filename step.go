@@ -86,8 +86,18 @@ func (st *step) publish(p *Publisher, topic string, msgs []*message.Message) err
 // (returned false) or returned by it.
 func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returned bool) error {
 	if p.config.Client != st.src.client {
-		return fmt.Errorf("%w: a message published with an exactly-once handling's context goes through a Publisher of another client than the Subscriber's: use one redis.UniversalClient for both",
+		if st.x.config.NonAtomicFallback {
+			st.x.stats.nonAtomic.Add(1)
+			return p.Publish(topic, withoutStep(msgs)...)
+		}
+		return fmt.Errorf("%w: a message published with an exactly-once handling's context goes through a Publisher of another client than the Subscriber's: use one redis.UniversalClient for both, or set ExactlyOnceConfig.NonAtomicFallback",
 			ErrNotAtomic)
+	}
+	p.mu.RLock()
+	closed := p.closed
+	p.mu.RUnlock()
+	if closed {
+		return ErrPublisherClosed
 	}
 	ctx, cancel := publishContext(msgs)
 	defer cancel()

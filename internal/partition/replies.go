@@ -30,16 +30,36 @@ func parseHandOver(rest []any) (HandedOver, error) {
 
 // parseRead reads {XREADGROUP reply}: nil, or one stream's [key, entries].
 func parseRead(rest []any) ([]loop.Entry, error) {
-	if len(rest) != 1 {
-		return nil, fmt.Errorf("partition: unexpected read reply %v", rest)
+	es, _, err := parseReadTop(rest)
+	return es, err
+}
+
+// parseReadTop reads {XREADGROUP reply[, the stream's last id]}: the
+// entries, or none and the id after which to wait for new ones ("" when
+// the reply has none).
+func parseReadTop(rest []any) ([]loop.Entry, string, error) {
+	switch {
+	case len(rest) == 2 && rest[0] == nil:
+		top, ok := rest[1].(string)
+		if !ok {
+			return nil, "", fmt.Errorf("partition: unexpected read reply %v", rest)
+		}
+		return nil, top, nil
+	case len(rest) != 1:
+		return nil, "", fmt.Errorf("partition: unexpected read reply %v", rest)
+	case rest[0] == nil:
+		return nil, "", nil
 	}
-	if rest[0] == nil {
-		return nil, nil
-	}
+	es, err := parseStreams(rest[0])
+	return es, "", err
+}
+
+// parseStreams reads an XREADGROUP reply of one stream.
+func parseStreams(reply any) ([]loop.Entry, error) {
 	var es []loop.Entry
-	streams, ok := rest[0].([]any)
+	streams, ok := reply.([]any)
 	if !ok {
-		return nil, fmt.Errorf("partition: unexpected read reply of type %T", rest[0])
+		return nil, fmt.Errorf("partition: unexpected read reply of type %T", reply)
 	}
 	for _, st := range streams {
 		pair, ok := st.([]any)

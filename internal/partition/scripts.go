@@ -19,7 +19,7 @@ import "github.com/redis/go-redis/v9"
 //
 // KEYS[1] owner record, KEYS[2] epoch counter, ARGV[1] member, ARGV[2] TTL
 // in milliseconds.
-var acquireScript = redis.NewScript(`
+var acquireScript = newScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
   return {0, v, redis.call('PTTL', KEYS[1])}
@@ -35,7 +35,7 @@ return {1, e}
 //
 // KEYS[1] owner record, KEYS[2] epoch counter, ARGV[1] token, ARGV[2] TTL in
 // milliseconds, ARGV[3] the token's epoch.
-var renewScript = redis.NewScript(`
+var renewScript = newScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -52,7 +52,7 @@ return 0
 // else changes nothing (0). The epoch counter stays.
 //
 // KEYS[1] owner record, ARGV[1] token.
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -70,7 +70,7 @@ return 0
 // (Redis 7 and later; Redis 6.2 moves them like the others)}.
 //
 // ARGV[2] group, ARGV[3] consumer, ARGV[4] cursor, ARGV[5] most entries.
-var handOverScript = redis.NewScript(`
+var handOverScript = newScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -97,10 +97,14 @@ return {'ok', cursor, moved, deleted}
 
 // readScript reads with XREADGROUP, without blocking: new entries (ARGV[5]
 // ">") or the owner's own pending entries after an id. It returns {'ok',
-// the XREADGROUP reply} (nil when nothing was read).
+// the XREADGROUP reply}; when a read of new entries brought none, {'ok',
+// nil, the id of the stream's last entry ("0-0": none)}: every entry added
+// later has a greater id, which a plain XREAD BLOCK waits for.
 //
 // ARGV[2] group, ARGV[3] consumer, ARGV[4] count, ARGV[5] id.
-var readScript = redis.NewScript(`
+var readScript = newScript(readSource)
+
+const readSource = `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -108,14 +112,18 @@ local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4],
 if type(r) == 'table' and r.err then
   return r
 end
+if not r and ARGV[5] == '>' then
+  local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  return {'ok', false, top[1] and top[1][1] or '0-0'}
+end
 return {'ok', r}
-`)
+`
 
 // ackScript acknowledges entries, and returns {'ok', how many were
 // pending}.
 //
 // ARGV[2] group, ARGV[3...] ids.
-var ackScript = redis.NewScript(`
+var ackScript = newScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -137,7 +145,7 @@ return {'ok', n}
 // owner. It returns {'ok', counts}.
 //
 // ARGV[2] group, ARGV[3] consumer, ARGV[4...] ids.
-var holdScript = redis.NewScript(`
+var holdScript = newScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -167,7 +175,7 @@ return {'ok', out}
 //
 // ARGV[2] group, ARGV[3] consumer, ARGV[4] id, ARGV[5] the delivery count
 // of the Nacked delivery.
-var claimBackScript = redis.NewScript(`
+var claimBackScript = newScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -202,7 +210,7 @@ return {'ok', 'ok', q[1][4], c[1][2]}
 //
 // ARGV[2] group, ARGV[3] consumer, ARGV[4] idle time in milliseconds,
 // ARGV[5...] ids.
-var handBackScript = redis.NewScript(`
+var handBackScript = newScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'fenced'}
 end
@@ -214,3 +222,16 @@ for i = 5, #ARGV do
 end
 return {'ok'}
 `)
+
+// sources are the bodies of the scripts, for an EVAL after NOSCRIPT.
+var sources = map[*redis.Script]string{}
+
+// newScript returns the script of body src, with its body kept.
+func newScript(src string) *redis.Script {
+	s := redis.NewScript(src)
+	sources[s] = src
+	return s
+}
+
+// sourceOf returns the body of s.
+func sourceOf(s *redis.Script) string { return sources[s] }

@@ -64,7 +64,7 @@ func findTag(stream string, i, n int) string {
 	prefix := stream + "#" + strconv.Itoa(i) + "."
 	for j := 0; ; j++ {
 		tag := prefix + strconv.Itoa(j)
-		if s := int(crc16(tag) % Slots); lo <= s && s < hi {
+		if s := KeySlot(tag); lo <= s && s < hi {
 			return tag
 		}
 	}
@@ -80,7 +80,7 @@ func (l *Layout) Topic() string { return l.stream }
 func (l *Layout) Tag(i int) string { return l.tags[i] }
 
 // Slot returns the cluster slot of every key of partition i.
-func (l *Layout) Slot(i int) int { return int(crc16(l.tags[i]) % Slots) }
+func (l *Layout) Slot(i int) int { return KeySlot(l.tags[i]) }
 
 // Stream returns the stream key of partition i: the topic's stream key,
 // ":p", i, and the partition's hash tag in braces, e.g.

@@ -15,33 +15,6 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-func TestCRC16IsXMODEM(t *testing.T) {
-	// The check value of CRC-16/XMODEM, and the example of the Redis
-	// Cluster specification.
-	if got := crc16("123456789"); got != 0x31C3 {
-		t.Errorf("crc16(123456789) = %#x, want 0x31c3", got)
-	}
-	if got := crc16(""); got != 0 {
-		t.Errorf("crc16(\"\") = %#x, want 0", got)
-	}
-}
-
-func TestKeySlotFollowsTheHashTagRule(t *testing.T) {
-	tests := []struct{ key, hashed string }{
-		{"foo", "foo"},
-		{"{user1000}.following", "user1000"},
-		{"foo{}{bar}", "foo{}{bar}"}, // an empty tag: the whole key
-		{"foo{{bar}}zap", "{bar"},
-		{"foo{bar}{zap}", "bar"},
-		{"no}brace{", "no}brace{"},
-	}
-	for _, tt := range tests {
-		if got, want := KeySlot(tt.key), int(crc16(tt.hashed)%Slots); got != want {
-			t.Errorf("KeySlot(%q) = %d, want %d (the slot of %q)", tt.key, got, want, tt.hashed)
-		}
-	}
-}
-
 func TestNewLayoutRefusesBracesAndBadCounts(t *testing.T) {
 	for _, tt := range []struct {
 		stream string

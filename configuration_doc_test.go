@@ -25,6 +25,7 @@ var configTypes = []reflect.Type{
 	reflect.TypeFor[valkeystream.DedupConfig](),
 	reflect.TypeFor[valkeystream.ExpiringKeyRepositoryConfig](),
 	reflect.TypeFor[valkeystream.HealthConfig](),
+	reflect.TypeFor[valkeystream.ExactlyOnceConfig](),
 }
 
 // configDoc is where the configuration is documented.

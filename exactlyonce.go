@@ -138,7 +138,9 @@ func (x *ExactlyOnce) Stats() ExactlyOnceStats {
 // with the input's acknowledgement in one step. It returns no messages, so
 // the router publishes nothing itself; its Ack afterwards sends no XACK.
 //
-// When h fails, nothing it published is written. When the step finds the
+// Add it last (innermost, next to the handler): each attempt of
+// middleware.Retry then has a step of its own. When h fails, nothing it
+// published is written. When the step finds the
 // input no longer this delivery's (see ExactlyOnceStats.Superseded), it
 // writes nothing and the handling succeeds. A Deduplicator inside or
 // outside this middleware has its done mark written in the step.

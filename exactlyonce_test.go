@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,7 +122,7 @@ func TestExactlyOnceWritesWhatTheHandlerPublishesWithItsContext(t *testing.T) {
 			return errors.New("the first handling fails after publishing")
 		}
 		return nil
-	}, x.Middleware)
+	}, (&middleware.Retry{MaxRetries: 1}).Middleware, x.Middleware) // each attempt its own step
 	e.publish(10)
 	waitUntil(t, "every input committed", func() bool { return x.Stats().Committed == 10 })
 	events := e.stored(e.topic + "-events")
@@ -415,4 +416,27 @@ func TestExactlyOnceOnACluster(t *testing.T) {
 		})
 		assert.Zero(t, x.Stats().Committed)
 	})
+}
+
+// TestExactlyOnceCommitsReclaimedAndDrainedEntries checks the fencing token
+// of deliveries that are not first ones: entries a dead consumer left
+// (reclaimed by a claim, inside a read on Redis 8.4+), and the own pending
+// entries a restart drains, each with a delivery count above 1.
+func TestExactlyOnceCommitsReclaimedAndDrainedEntries(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	out := e.topic + "-out"
+	e.publish(3)
+	e.readAs("g", "dead", 2) // reclaimed by c after ClaimMinIdle
+	e.readAs("g", "c", 1)    // drained by c on its start
+	pub := e.publisher()
+	x := e.exactlyOnce(pub)
+	sub := e.subscriber("g", "c", shortClaim, fastRedelivery)
+	e.runTransform(sub, pub, out, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputOf(msg)}, nil
+	}, x.Middleware)
+	waitUntil(t, "every input committed", func() bool { return x.Stats().Committed == 3 })
+	assert.Zero(t, x.Stats().Superseded, "a reclaimed or drained delivery's step found its count changed")
+	assert.Len(t, e.stored(out), 3)
+	assert.Zero(t, e.pendingCount(e.topic, "g"))
 }

@@ -176,7 +176,7 @@ func (x *ExactlyOnce) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if st.crossSlot != "" {
 			return x.nonAtomic(st, msg)
 		}
-		if len(st.ops) == 0 {
+		if len(st.w.ops) == 0 {
 			// Nothing to write with the Ack: the router's Ack sends it,
 			// batched as any other.
 			return nil, nil
@@ -201,7 +201,7 @@ func (x *ExactlyOnce) newStep(ctx context.Context, msg *message.Message) (*step,
 			ErrNotAtomic, d.Stream)
 	}
 	st := &step{x: x, src: src, d: d, publishTopic: message.PublishTopicFromCtx(ctx)}
-	st.keys = append(st.keys, d.Stream)
+	st.w.keys = append(st.w.keys, d.Stream)
 	if topic := st.publishTopic; topic != "" {
 		if err := st.checkSlot(x.config.Publisher.config.KeyPrefix + topic); err != nil {
 			return nil, err
@@ -228,7 +228,7 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 		case err == nil && out.committed:
 			st.d.Settle()
 			x.stats.committed.Add(1)
-			x.stats.outputs.Add(int64(st.outputs))
+			x.stats.outputs.Add(int64(st.w.outputs))
 			st.committed()
 			return nil
 		case err == nil:
@@ -242,7 +242,7 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 		case errors.Is(err, ErrNotReplicated):
 			st.d.Settle()
 			x.stats.committed.Add(1)
-			x.stats.outputs.Add(int64(st.outputs))
+			x.stats.outputs.Add(int64(st.w.outputs))
 			x.stats.notReplicated.Add(1)
 			st.committed()
 			x.logger.Error("Outputs committed with their input, but not confirmed by enough replicas", err,
@@ -322,4 +322,3 @@ type stepSourceKey struct{}
 func (s *Subscriber) withStepSource(ctx context.Context) context.Context {
 	return context.WithValue(ctx, stepSourceKey{}, &stepSource{client: s.config.Client, deleteAcked: s.config.DeleteAcked})
 }
-

@@ -32,6 +32,17 @@ type step struct {
 
 	mu    sync.Mutex // guards all below: a handler may publish from several goroutines
 	ended bool       // the handler returned: no more outputs
+	w     stepWrites
+	wait  combine.ReplicaWait
+	// crossSlot is the first key outside the input's slot (cluster);
+	// plain keeps the outputs for NonAtomicFallback.
+	crossSlot string
+	plain     []plainOutput
+	marks     stepMarks
+}
+
+// stepWrites are the script's keys and operations.
+type stepWrites struct {
 	keys  []string
 	types []byte // of each key after the first: 's' stream, 'z' sorted set, 'k' string
 	ops   []any
@@ -39,12 +50,6 @@ type step struct {
 	// delayed ones, whose Subscribers of this process are woken.
 	outputs   int
 	delayedTo []string
-	wait      combine.ReplicaWait
-	// crossSlot is the first key outside the input's slot (cluster);
-	// plain keeps the outputs for NonAtomicFallback.
-	crossSlot string
-	plain     []plainOutput
-	marks     stepMarks
 }
 
 // plainOutput is one Publish call of a step's outputs.
@@ -112,24 +117,24 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 	if st.ended && !returned {
 		return fmt.Errorf("%w: a message was published with the context of an exactly-once handling after its handler returned: publish before returning", ErrNotAtomic)
 	}
-	ops, n := st.ops, len(st.ops)
+	ops, n := st.w.ops, len(st.w.ops)
 	for _, m := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, m)
 		if err != nil {
-			st.ops = ops[:n]
+			st.w.ops = ops[:n]
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: fmt.Errorf("encoding message %s: %w", m.UUID, err)}
 		}
 		wait, err := delayOf(m, now)
 		if err != nil {
-			st.ops = ops[:n]
+			st.w.ops = ops[:n]
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
 		}
 		if err := st.addOutput(key, trim, fields, wait); err != nil {
-			st.ops = ops[:n]
+			st.w.ops = ops[:n]
 			return err
 		}
 	}
-	st.outputs += len(msgs)
+	st.w.outputs += len(msgs)
 	st.plain = append(st.plain, plainOutput{pub: p, topic: topic, msgs: msgs})
 	if p.config.WaitReplicas > st.wait.Replicas {
 		st.wait = combine.ReplicaWait{Replicas: p.config.WaitReplicas, Timeout: p.config.WaitTimeout}
@@ -153,8 +158,8 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 		if err != nil {
 			return err
 		}
-		st.ops = append(st.ops, "DELAY", i, 2, ceilMillis(wait), member)
-		st.delayedTo = append(st.delayedTo, key)
+		st.w.ops = append(st.w.ops, "DELAY", i, 2, ceilMillis(wait), member)
+		st.w.delayedTo = append(st.w.delayedTo, key)
 		return nil
 	}
 	i, err := st.key(key, 's')
@@ -170,20 +175,20 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 			words += 3
 		}
 	}
-	st.ops = append(st.ops, "XADD", i, words)
+	st.w.ops = append(st.w.ops, "XADD", i, words)
 	if trim.on {
 		if trim.mode != "" {
-			st.ops = append(st.ops, trim.mode)
+			st.w.ops = append(st.w.ops, trim.mode)
 		}
 		switch {
 		case trim.maxLen > 0:
-			st.ops = append(st.ops, "MAXLEN", "~", trim.maxLen)
+			st.w.ops = append(st.w.ops, "MAXLEN", "~", trim.maxLen)
 		case trim.minID != "":
-			st.ops = append(st.ops, "MINID", "~", trim.minID)
+			st.w.ops = append(st.w.ops, "MINID", "~", trim.minID)
 		}
 	}
-	st.ops = append(st.ops, "*")
-	st.ops = append(st.ops, fields...)
+	st.w.ops = append(st.w.ops, "*")
+	st.w.ops = append(st.w.ops, fields...)
 	return nil
 }
 
@@ -204,7 +209,7 @@ func (st *step) addMark(m *pendingMark) error {
 	if err != nil {
 		return err
 	}
-	st.ops = append(st.ops, "SET", i, 3, dedupDone, "PX", m.window.Milliseconds())
+	st.w.ops = append(st.w.ops, "SET", i, 3, dedupDone, "PX", m.window.Milliseconds())
 	if m != st.marks.fromOuter {
 		st.marks.inner = append(st.marks.inner, m)
 	}
@@ -215,7 +220,7 @@ func (st *step) addMark(m *pendingMark) error {
 // cluster, a key outside the input's slot is refused (or, with
 // NonAtomicFallback, remembered).
 func (st *step) key(key string, typ byte) (int, error) {
-	for i, k := range st.keys {
+	for i, k := range st.w.keys {
 		if k == key {
 			return i + 1, nil
 		}
@@ -223,9 +228,9 @@ func (st *step) key(key string, typ byte) (int, error) {
 	if err := st.checkSlot(key); err != nil {
 		return 0, err
 	}
-	st.keys = append(st.keys, key)
-	st.types = append(st.types, typ)
-	return len(st.keys), nil
+	st.w.keys = append(st.w.keys, key)
+	st.w.types = append(st.w.types, typ)
+	return len(st.w.keys), nil
 }
 
 // checkSlot returns an error wrapping ErrNotAtomic when the client cannot
@@ -272,10 +277,10 @@ func (st *step) send(ctx context.Context) (stepOutcome, error) {
 	if st.src.deleteAcked {
 		ack = "XACKDEL"
 	}
-	args := make([]any, 0, 6+len(st.ops))
-	args = append(args, st.d.Group, st.d.Consumer, st.d.ID, st.d.Count, ack, string(st.types))
-	args = append(args, st.ops...)
-	run, err := st.wait.Run(ctx, st.src.client, st.d.Stream, stepScript, st.keys, args...)
+	args := make([]any, 0, 6+len(st.w.ops))
+	args = append(args, st.d.Group, st.d.Consumer, st.d.ID, st.d.Count, ack, string(st.w.types))
+	args = append(args, st.w.ops...)
+	run, err := st.wait.Run(ctx, st.src.client, st.d.Stream, stepScript, st.w.keys, args...)
 	if err != nil && run == nil {
 		return stepOutcome{}, err
 	}
@@ -287,8 +292,8 @@ func (st *step) send(ctx context.Context) (stepOutcome, error) {
 		err = notReplicated(err)
 	}
 	if len(reply) > 0 && reply[0] == "ok" {
-		if len(st.delayedTo) > 0 {
-			for _, k := range st.delayedTo {
+		if len(st.w.delayedTo) > 0 {
+			for _, k := range st.w.delayedTo {
 				delayed.Notify(k)
 			}
 		}
@@ -423,4 +428,3 @@ func isGivenUp(ctx context.Context) bool {
 	flag, ok := ctx.Value(givenUpKey{}).(*atomic.Bool)
 	return ok && flag.Load()
 }
-

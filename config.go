@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -605,6 +606,23 @@ type PublisherConfig struct {
 	// CloseClient makes Close close Client too. Default: false.
 	CloseClient bool
 
+	// Partitions declares partitioned topics: topic -> partition count
+	// (1..MaxPartitions). A message to such a topic goes to the partition
+	// of its key (PartitionKey), each partition being a stream of its own
+	// in a cluster hash slot of its own (see docs/partitions.md for the
+	// layout). Give Subscribers the same declaration: the first Publisher
+	// or Subscriber of a topic stores its count on the server, and one
+	// that declares another count fails (ErrPartitionCount). A partitioned
+	// topic's stream key (KeyPrefix plus topic) must not contain '{' or
+	// '}'. Default: none, every topic is one stream.
+	Partitions map[string]int
+
+	// PartitionKey returns the partition key of a message to a
+	// partitioned topic: messages with one key go to one partition. ""
+	// means no key: such messages go to the partitions in turn. Default:
+	// the message's MetadataPartitionKey metadata.
+	PartitionKey func(topic string, msg *message.Message) string
+
 	// BaselineVerbs makes the Publisher use only the stream verbs every
 	// supported server has (Redis 6.2's), even where the server has newer
 	// ones (see docs/server-verbs.md): idempotent publishing by script
@@ -677,6 +695,9 @@ func (c PublisherConfig) Validate() error {
 		return fmt.Errorf("%w: IdempotentWindow is %s: it must be at least 1s (the server counts it in whole seconds), or 0 (off)", ErrInvalidConfig, c.IdempotentWindow)
 	case c.IdempotentWindow > MaxIdempotentWindow:
 		return fmt.Errorf("%w: IdempotentWindow is %s: it must be at most %s (the server's longest IDMP-DURATION)", ErrInvalidConfig, c.IdempotentWindow, MaxIdempotentWindow)
+	}
+	if _, err := newPartitionedTopics(c.Partitions, c.KeyPrefix, "Partitions"); err != nil {
+		return err
 	}
 	for topic, r := range c.Retention {
 		switch {

@@ -164,14 +164,13 @@ func (p delayPlan) any() bool { return p.delayed > 0 || p.err != nil }
 // script call: messages due now are appended to the stream (with the
 // topic's retention), the others are added to the topic's sorted set of
 // delayed messages. Either all are written or none.
-func (p *Publisher) publishDelayed(topic string, msgs []*message.Message, plan delayPlan) error {
+func (p *Publisher) publishDelayed(topic, key string, msgs []*message.Message, plan delayPlan) error {
 	fail := func(err error) error {
 		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
 	}
 	if plan.err != nil {
 		return fail(plan.err)
 	}
-	key := p.config.KeyPrefix + topic
 	delayedKey, err := DelayedKey(key)
 	if err != nil {
 		return fail(err)

@@ -31,6 +31,12 @@ var (
 	// returned. The handling fails; nothing of it is written.
 	ErrNotAtomic = errors.New("valkeystream: the outputs and the Ack cannot be one atomic step")
 
+	// ErrPartitionCount is wrapped by the error of a Publish or Subscribe
+	// of a partitioned topic whose partition count on the server differs
+	// from the one declared in the config: all Publishers and Subscribers
+	// of a topic must declare one count (docs/partitions.md).
+	ErrPartitionCount = errors.New("valkeystream: the topic is declared with another partition count")
+
 	// ErrInvalidEntry is wrapped by errors about a stream entry that cannot
 	// be decoded into a message.
 	ErrInvalidEntry = errors.New("valkeystream: invalid entry")

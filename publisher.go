@@ -31,6 +31,7 @@ type Publisher struct {
 	verbs     publishVerbs // the server's newer verbs, found out on first use
 
 	idempotency idempotency
+	partitions  *partitionedTopics // see partitioned.go
 
 	mu     sync.RWMutex // Publish holds it shared, Close exclusively
 	closed bool
@@ -47,12 +48,17 @@ func NewPublisher(config PublisherConfig, logger watermill.LoggerAdapter) (*Publ
 		logger = watermill.NopLogger{}
 	}
 	config.Retention = maps.Clone(config.Retention)
+	partitions, err := newPartitionedTopics(config.Partitions, config.KeyPrefix, "Partitions")
+	if err != nil {
+		return nil, err
+	}
 	stats := &publisherCounters{}
 	wait := combine.ReplicaWait{Replicas: config.WaitReplicas, Timeout: config.WaitTimeout}
 	return &Publisher{config: config, logger: logger, stats: stats,
 		combiners:   newCombiners(config.Client, wait, stats),
 		verbs:       publishVerbs{known: serverinfo.NewKnown(config.Client, config.BaselineVerbs)},
-		idempotency: idempotency{window: config.IdempotentWindow}}, nil
+		idempotency: idempotency{window: config.IdempotentWindow},
+		partitions:  partitions}, nil
 }
 
 // Publish appends msgs to the stream of topic, in order, in one round trip.
@@ -109,10 +115,17 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	if len(msgs) == 0 {
 		return nil
 	}
-	if plan := planDelays(msgs, time.Now()); plan.any() {
-		return p.publishDelayed(topic, msgs, plan) // see delay.go
+	if l := p.partitions.layout(topic); l != nil {
+		return p.publishPartitioned(topic, l, msgs) // see partitioned.go
 	}
-	key := p.config.KeyPrefix + topic
+	return p.publishTo(topic, p.config.KeyPrefix+topic, msgs)
+}
+
+// publishTo writes msgs of topic to the stream key. The caller holds mu.
+func (p *Publisher) publishTo(topic, key string, msgs []*message.Message) error {
+	if plan := planDelays(msgs, time.Now()); plan.any() {
+		return p.publishDelayed(topic, key, msgs, plan) // see delay.go
+	}
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
 	req := combine.NewRequest(len(msgs))

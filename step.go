@@ -110,7 +110,6 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 	if err != nil {
 		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
 	}
-	key := p.config.KeyPrefix + topic
 	now := time.Now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -125,6 +124,11 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: fmt.Errorf("encoding message %s: %w", m.UUID, err)}
 		}
 		wait, err := delayOf(m, now)
+		if err != nil {
+			st.w.ops = ops[:n]
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
+		key, err := p.streamKeyOf(ctx, topic, m)
 		if err != nil {
 			st.w.ops = ops[:n]
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}

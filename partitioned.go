@@ -1,0 +1,170 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/partition"
+)
+
+// Partitioned topics (docs/partitions.md): a topic declared with n
+// partitions is n streams, one per partition, each in a cluster hash slot
+// of its own. A message goes to the partition of its key; within a consumer
+// group each partition is handled by one live subscription at a time, in
+// stream order, so the messages of one key are handled one after the other,
+// in the order they were published.
+
+// MetadataPartitionKey is the metadata key of a message's partition key on
+// a partitioned topic, unless PublisherConfig.PartitionKey says otherwise:
+// messages with the same key go to the same partition, and are handled in
+// order. A message without one goes to the partitions in turn.
+const MetadataPartitionKey = "valkeystream_partition_key"
+
+// MaxPartitions is the largest partition count of a topic.
+const MaxPartitions = partition.MaxPartitions
+
+// PartitionOf returns the partition of key on a topic of n partitions:
+// FNV-1a (32 bit) of the key's UTF-8 bytes, modulo n. A producer in another
+// language routes alike with the same hash (docs/partitions.md).
+func PartitionOf(key string, n int) int { return partition.Of(key, n) }
+
+// PartitionStreams returns the stream keys of the partitions of the topic
+// whose stream key (KeyPrefix plus topic) is stream, in partition order.
+func PartitionStreams(stream string, n int) ([]string, error) {
+	l, err := partition.NewLayout(stream, n)
+	if err != nil {
+		return nil, err
+	}
+	return l.Streams(), nil
+}
+
+// partitionedTopics are the layouts of a Publisher's or Subscriber's
+// partitioned topics, and whether their count was declared on the server.
+type partitionedTopics struct {
+	layouts  map[string]*partition.Layout // by topic
+	spread   map[string]*partition.Spreader
+	declared sync.Map // topic -> true once the server has its count
+}
+
+// newPartitionedTopics returns the layouts of counts (topic -> partitions)
+// on the stream keys prefix + topic; field names the config field, for
+// errors.
+func newPartitionedTopics(counts map[string]int, prefix, field string) (*partitionedTopics, error) {
+	t := &partitionedTopics{layouts: map[string]*partition.Layout{}, spread: map[string]*partition.Spreader{}}
+	for topic, n := range counts {
+		if topic == "" {
+			return nil, fmt.Errorf("%w: %s has an empty topic", ErrInvalidConfig, field)
+		}
+		l, err := partition.NewLayout(prefix+topic, n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s[%q]: %w", ErrInvalidConfig, field, topic, err)
+		}
+		t.layouts[topic] = l
+		t.spread[topic] = partition.NewSpreader(n)
+	}
+	return t, nil
+}
+
+// layout returns topic's layout, or nil when it is not partitioned.
+func (t *partitionedTopics) layout(topic string) *partition.Layout {
+	if t == nil {
+		return nil
+	}
+	return t.layouts[topic]
+}
+
+// declare makes sure the server holds topic's partition count, the same as
+// this one: the first Publisher or Subscriber of a topic stores it, and
+// one that declares another count gets an error naming both.
+func (t *partitionedTopics) declare(ctx context.Context, client redis.Scripter, topic string) error {
+	if _, ok := t.declared.Load(topic); ok {
+		return nil
+	}
+	l := t.layouts[topic]
+	if err := l.Declare(ctx, client); err != nil {
+		var mismatch *partition.CountMismatchError
+		if errors.As(err, &mismatch) {
+			return fmt.Errorf("%w: topic %q is declared with %d partitions on the server (key %q), this one with %d: every Publisher and Subscriber of a topic must declare one count; changing it is a migration (docs/partitions.md)",
+				ErrPartitionCount, topic, mismatch.Declared, partition.DeclarationKey(l.Topic()), mismatch.Asked)
+		}
+		return fmt.Errorf("declaring the partition count of topic %q: %w", topic, err)
+	}
+	t.declared.Store(topic, true)
+	return nil
+}
+
+// partitionOf returns the partition of msg on topic: of its key, or the
+// next one in turn for a message without a key.
+func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.Message) int {
+	var key string
+	if p.config.PartitionKey != nil {
+		key = p.config.PartitionKey(topic, msg)
+	} else {
+		key = msg.Metadata.Get(MetadataPartitionKey)
+	}
+	if key == "" {
+		return p.partitions.spread[topic].Next()
+	}
+	return partition.Of(key, l.N())
+}
+
+// publishPartitioned writes msgs to the partitions of topic, each
+// partition's messages in one call, in their order. The caller holds mu.
+func (p *Publisher) publishPartitioned(topic string, l *partition.Layout, msgs []*message.Message) error {
+	ctx, cancel := publishContext(msgs)
+	err := p.partitions.declare(ctx, p.config.Client, topic)
+	cancel()
+	if err != nil {
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	}
+	if len(msgs) == 1 {
+		return p.publishTo(topic, l.Stream(p.partitionOf(topic, l, msgs[0])), msgs)
+	}
+	byPartition := make(map[int][]*message.Message)
+	var order []int
+	for _, m := range msgs {
+		i := p.partitionOf(topic, l, m)
+		if _, ok := byPartition[i]; !ok {
+			order = append(order, i)
+		}
+		byPartition[i] = append(byPartition[i], m)
+	}
+	var all *PublishError
+	for _, i := range order {
+		err := p.publishTo(topic, l.Stream(i), byPartition[i])
+		if err == nil {
+			continue
+		}
+		var perr *PublishError
+		if !errors.As(err, &perr) {
+			perr = &PublishError{Topic: topic, NotSent: uuids(byPartition[i]), Err: err}
+		}
+		if all == nil {
+			all = &PublishError{Topic: topic, Total: len(msgs), Err: perr.Err}
+		}
+		all.NotSent = append(all.NotSent, perr.NotSent...)
+		all.MaybeWritten = append(all.MaybeWritten, perr.MaybeWritten...)
+	}
+	if all != nil {
+		return all
+	}
+	return nil
+}
+
+// streamKeyOf returns the stream key msg of topic is written to: its
+// partition's on a partitioned topic.
+func (p *Publisher) streamKeyOf(ctx context.Context, topic string, msg *message.Message) (string, error) {
+	l := p.partitions.layout(topic)
+	if l == nil {
+		return p.config.KeyPrefix + topic, nil
+	}
+	if err := p.partitions.declare(ctx, p.config.Client, topic); err != nil {
+		return "", err
+	}
+	return l.Stream(p.partitionOf(topic, l, msg)), nil
+}

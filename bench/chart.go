@@ -19,6 +19,7 @@ var chartColors = map[string]string{
 
 	sideIdempotent:       "#2ca25f",
 	sideIdempotentScript: "#99d8c9",
+	sideExactlyOnce:      "#6a51a3",
 }
 
 // chartLabels names the sides in the legend.
@@ -31,10 +32,11 @@ var chartLabels = map[string]string{
 
 	sideIdempotent:       "valkeystream, idempotent",
 	sideIdempotentScript: "valkeystream, idempotent by script",
+	sideExactlyOnce:      "valkeystream, exactly-once",
 }
 
 // chartSides is the order of the legend and of the bars within a group.
-var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideIncumbent, sideRaw, sideGoChannel}
+var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideExactlyOnce, sideIncumbent, sideRaw, sideGoChannel}
 
 // chartSize is the payload size the chart shows: 64 bytes if measured, else
 // the first size.

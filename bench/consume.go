@@ -29,12 +29,26 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 	tr := newTracker(c, scn.nack)
 
 	var consume func(ctx context.Context) error
-	if sd.rawConsume != nil {
+	switch {
+	case scn.transform:
+		defer b.cleanup(ctx, outputTopic(topic))
+		if sd.transform == nil {
+			return sample{}, fmt.Errorf("%s has no transform", sd.name)
+		}
+		if err := sd.fill(ctx, sc, topic, c); err != nil {
+			return sample{}, err
+		}
+		setup, err := sd.transform(sc)
+		if err != nil {
+			return sample{}, err
+		}
+		consume = func(ctx context.Context) error { return consumeTransform(ctx, setup, topic, tr) }
+	case sd.rawConsume != nil:
 		if err := sd.rawPrefill(ctx, sc, topic, c); err != nil {
 			return sample{}, err
 		}
 		consume = func(ctx context.Context) error { return sd.rawConsume(ctx, sc, topic, tr) }
-	} else {
+	default:
 		sub, err := sd.prefill(ctx, sc, topic, c)
 		if err != nil {
 			return sample{}, err
@@ -50,7 +64,7 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 	if err := sc.warm(ctx, 2); err != nil {
 		return sample{}, err
 	}
-	var pending int64
+	var pending, extra int64 // extra: outputs beyond one per message (transform)
 	settled := func() error {
 		if sd.inMemory {
 			return nil
@@ -60,6 +74,9 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 		if pending > 0 {
 			b.describePending(ctx, topic)
 		}
+		if err == nil && scn.transform {
+			extra, err = b.checkOutputs(ctx, topic, c.n)
+		}
 		return err
 	}
 	if err := b.timeConsume(ctx, tr, consume, settled); err != nil {
@@ -68,11 +85,13 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 	s := sample{
 		n:          c.n,
 		elapsed:    tr.elapsed(),
-		duplicates: tr.duplicates.Load(),
+		duplicates: tr.duplicates.Load() + extra,
 		pending:    pending,
 		nacks:      tr.nacked.Load(),
 		deliveries: tr.delivered.Load(),
 		tail:       tr.tail(),
+		allocs:     tr.allocs,
+		allocBytes: tr.allocBytes,
 	}
 	s.redeliveryMean, s.redeliveryMax = tr.redeliveryWait()
 	if err := sc.close(); err != nil {
@@ -91,6 +110,7 @@ func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(conte
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
+	objects, bytes := allocCounter()
 	tr.begin()
 	go func() {
 		err := consume(runCtx)
@@ -100,6 +120,10 @@ func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(conte
 		done <- err
 	}()
 	err := tr.wait(waitCtx, b.cfg.stall)
+	if err == nil {
+		endObjects, endBytes := allocCounter()
+		tr.allocs, tr.allocBytes = endObjects-objects, endBytes-bytes
+	}
 	if err == nil && settled != nil {
 		err = settled()
 	}

@@ -30,7 +30,9 @@ const usage = `Usage: go run -C bench . [flags]
 Measures valkeystream against watermill-redisstream (and go-redis alone and
 Watermill's gochannel as references) on a private server, and writes a
 Markdown report with an SVG chart. Scenarios: publish (64 goroutines, one,
-100 per call), consume (router, channel, 1% Nacked), latency (publish to
+100 per call), consume (router, channel, 1% Nacked), transform (a router
+handler returning one output per input, plain and under ExactlyOnce: the
+cost of exactly-once outputs, in the same run), latency (publish to
 handler at fixed rates), consume-large (64 KiB and 1 MiB payloads in a
 child process, with its peak RSS), many-topics (one Subscriber, one
 default client, a handler per topic), memory (heap over a backlog), and

@@ -74,6 +74,7 @@ func (r report) markdown(chartRef string) string {
 	r.writeTopics(&w)
 	r.writeMetricsCost(&w)
 	r.writeIdempotentCost(&w)
+	r.writeExactlyOnceCost(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)

@@ -97,6 +97,27 @@ func TestMarkdown(t *testing.T) {
 	}
 }
 
+func TestMarkdownOfExactlyOnceCost(t *testing.T) {
+	r := testReport(t)
+	for i := range r.res.samples[key{"transform-router", sideExactlyOnce, 64, 0}] {
+		s := &r.res.samples[key{"transform-router", sideExactlyOnce, 64, 0}][i]
+		s.allocs, s.allocBytes = 850000, 5<<20 // per message: 85 objects, 524 bytes
+	}
+	md := r.markdown("")
+	for _, want := range []string{
+		"### Cost of exactly-once outputs",
+		// valkeystream 100,000 msg/s, exactly-once 50,000, the incumbent 25,000 (medians).
+		"| transform, router, 1 output per input | 64 B | 42µs | 100,000 | 25,000 | **4.00×** |",
+		"| 64 B | 42µs | valkeystream | 100,000 | 50,000 to 100,000 | 0 | 0 B | – | – |",
+		"| 64 B | 42µs | valkeystream+exactly-once | 50,000 | 25,000 to 50,000 | 85 | 524 B | **0.50×** | 0.50× to 0.50× |",
+		"| 64 B | 42µs | watermill-redisstream | 25,000 | 12,500 to 25,000 | 0 | 0 B | – | – |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
+
 func TestMarkdownListsDuplicatesAndPending(t *testing.T) {
 	r := testReport(t)
 	k := key{"consume-channel", sideIncumbent, 64, 0}

@@ -21,9 +21,10 @@ const howToRun = "## How to run\n\n" +
 	"Other flags (`go run -C bench . -h`): `-reps`, `-sizes`, `-publish-messages`,\n" +
 	"`-consume-messages`, `-memory-entries`, `-scenarios` (a comma-separated subset\n" +
 	"of " + "`publish-concurrent`, `publish-single`, `publish-batch`, `consume-router`,\n" +
-	"`consume-channel`, `consume-nack`, `latency`, `consume-large`, `many-topics`,\n" +
-	"`memory`), `-sides` (a subset of `valkeystream`, `watermill-redisstream`,\n" +
-	"`go-redis`, `gochannel`), `-stall`, `-cpuprofile`, `-memprofile`, and:\n\n" +
+	"`consume-channel`, `consume-nack`, `transform-router`, `latency`,\n" +
+	"`consume-large`, `many-topics`, `memory`), `-sides` (a subset of\n" +
+	"`valkeystream`, `watermill-redisstream`, `go-redis`, `gochannel`,\n" +
+	"`valkeystream+exactly-once`), `-stall`, `-cpuprofile`, `-memprofile`, and:\n\n" +
 	"- `-delays 0,1ms,2ms`: run every scenario at each network distance. A\n" +
 	"  delay above 0 starts a proxy (a child process) in front of the server\n" +
 	"  that holds each of the server's replies for that long; requests pass at\n" +
@@ -103,6 +104,20 @@ const method = "## Method\n\n" +
 	"  could not start every handler cannot close cleanly (Watermill counts a\n" +
 	"  handler that never subscribed as running), so such a run may leave two\n" +
 	"  of the router's goroutines behind.\n" +
+	"- Transform (`transform-router`): a router handler on the side's\n" +
+	"  Subscriber returns one output per input (the input's UUID, payload and\n" +
+	"  correlation metadata), which the router publishes to an output topic\n" +
+	"  through the side's Publisher, then Acks the input: the plain\n" +
+	"  at-least-once path. `valkeystream+exactly-once` is the same handler\n" +
+	"  under `ExactlyOnce` (`ExactlyOnceConfig{Publisher}`), which writes the\n" +
+	"  output and the input's `XACK` in one script, one round trip per input.\n" +
+	"  valkeystream's Subscriber and Publisher share one client (ExactlyOnce\n" +
+	"  needs it; the plain side does the same); watermill-redisstream's each\n" +
+	"  have their own. A message counts as handled once its output is written:\n" +
+	"  when `Publish` returned, or when the exactly-once step committed. After\n" +
+	"  the run the output topic must hold one entry per input. Allocations\n" +
+	"  per message are the whole process' heap allocations\n" +
+	"  (`runtime.MemStats`) in the timed part, over the messages.\n" +
 	"- Nack: the same as the channel scenario, with both adapters' default Nack\n" +
 	"  handling: watermill-redisstream sends the same message again from memory;\n" +
 	"  valkeystream claims the entry again on the server (`XCLAIM`, its delivery\n" +

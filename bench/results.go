@@ -20,6 +20,10 @@ type sample struct {
 	redeliveryMean, redeliveryMax time.Duration
 
 	peakRSS int64 // peak resident memory of the consuming process (large payloads)
+
+	// heap objects and bytes the whole process allocated in the timed part
+	// of a consume run
+	allocs, allocBytes uint64
 }
 
 // rate is messages per second.
@@ -59,6 +63,30 @@ func (r *results) medianRate(k key) (float64, bool) {
 		rates[i] = s.rate()
 	}
 	return median(rates), true
+}
+
+// rateRange is the lowest and the highest rate of the samples under k.
+func (r *results) rateRange(k key) (lo, hi float64) {
+	for i, s := range r.samples[k] {
+		if i == 0 {
+			lo, hi = s.rate(), s.rate()
+		}
+		lo, hi = min(lo, s.rate()), max(hi, s.rate())
+	}
+	return lo, hi
+}
+
+// allocsPerMessage is the median, over the samples under k, of the heap
+// objects and bytes allocated per message.
+func (r *results) allocsPerMessage(k key) (objects, bytes float64) {
+	ss := r.samples[k]
+	os, bs := make([]float64, len(ss)), make([]float64, len(ss))
+	for i, s := range ss {
+		if s.n > 0 {
+			os[i], bs[i] = float64(s.allocs)/float64(s.n), float64(s.allocBytes)/float64(s.n)
+		}
+	}
+	return median(os), median(bs)
 }
 
 // medianDuration is the median of one duration of the samples under k.

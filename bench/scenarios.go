@@ -20,6 +20,10 @@ type scenario struct {
 
 	router bool // consume: through a message.Router, else from the channel
 	nack   bool // consume: Nack the first delivery of one message in 100
+
+	// transform: through a router whose handler returns one output per
+	// input, published to an output topic (the side's transform setup)
+	transform bool
 }
 
 // A scenarioKind says what a scenario measures and how it is reported.
@@ -81,6 +85,11 @@ var scenarios = []scenario{
 		id: "consume-nack", title: "consume, channel, 1% Nacked once",
 		sides: []string{sideValkeystream, sideIncumbent},
 		nack:  true,
+	},
+	{
+		id: "transform-router", title: "transform, router, 1 output per input",
+		sides:     []string{sideValkeystream, sideExactlyOnce, sideIncumbent},
+		transform: true,
 	},
 	{
 		id: "latency", title: "end-to-end latency, router",
@@ -191,7 +200,7 @@ func selectSides(picked []scenario, list string) ([]scenario, error) {
 	for name := range strings.SplitSeq(list, ",") {
 		name = strings.TrimSpace(name)
 		if _, ok := sides[name]; !ok {
-			return nil, fmt.Errorf("unknown side %q; known: %s, %s, %s, %s, %s, %s, %s", name, sideValkeystream, sideIncumbent, sideRaw, sideGoChannel, sideMetrics, sideIdempotent, sideIdempotentScript)
+			return nil, fmt.Errorf("unknown side %q; known: %s", name, strings.Join(chartSides, ", "))
 		}
 		keep[name] = true
 	}

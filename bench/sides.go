@@ -61,6 +61,10 @@ type side struct {
 	// written and read without any adapter.
 	rawPrefill func(ctx context.Context, sc *scope, topic string, c corpus) error
 	rawConsume func(ctx context.Context, sc *scope, topic string, tr *tracker) error
+
+	// transform makes the Subscriber, Publisher and middleware of the
+	// transform scenario (after fill wrote the corpus).
+	transform func(sc *scope) (transformSetup, error)
 }
 
 var sides = withPrefill(map[string]side{
@@ -69,12 +73,14 @@ var sides = withPrefill(map[string]side{
 		publisher:  newValkeystreamPublisher,
 		fill:       fillValkeystream,
 		subscriber: newValkeystreamSubscriber,
+		transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, false) },
 	},
 	sideIncumbent: {
 		name:       sideIncumbent,
 		publisher:  newIncumbentPublisher,
 		fill:       fillIncumbent,
 		subscriber: newIncumbentSubscriber,
+		transform:  newIncumbentTransform,
 	},
 	sideGoChannel: {
 		name:      sideGoChannel,
@@ -92,6 +98,7 @@ var sides = withPrefill(map[string]side{
 	sideMetrics:          metricsSide,
 	sideIdempotent:       idempotentSide,
 	sideIdempotentScript: idempotentScriptSide,
+	sideExactlyOnce:      exactlyOnceSide,
 })
 
 // withPrefill sets the prefill of every adapter side from its fill and

@@ -34,6 +34,10 @@ type tracker struct {
 	redeliveries  atomic.Int64
 	redeliveryMax atomic.Int64
 
+	// heap objects and bytes the process allocated from begin until every
+	// message succeeded (set by timeConsume)
+	allocs, allocBytes uint64
+
 	done     chan struct{} // closed when every message succeeded
 	doneOnce sync.Once
 }

@@ -11,6 +11,7 @@
 //	c.AddSubscriber("billing", sub) // its counters, and its streams and groups on the server
 //	c.AddPublisher("orders", pub)
 //	c.AddDeduplicator("billing", dedup)
+//	c.AddExactlyOnce("enrich", exactlyOnce)
 //	prometheus.MustRegister(c)
 //
 // Counters are read when Prometheus scrapes. The server is sampled at most
@@ -121,6 +122,7 @@ type Collector struct {
 	subscribers map[string]*valkeystream.Subscriber
 	publishers  map[string]*valkeystream.Publisher
 	dedups      map[string]*valkeystream.Deduplicator
+	onces       map[string]*valkeystream.ExactlyOnce
 	watched     map[target]bool
 
 	server sampler
@@ -143,6 +145,7 @@ func NewCollector(config Config) (*Collector, error) {
 		subscribers: map[string]*valkeystream.Subscriber{},
 		publishers:  map[string]*valkeystream.Publisher{},
 		dedups:      map[string]*valkeystream.Deduplicator{},
+		onces:       map[string]*valkeystream.ExactlyOnce{},
 		watched:     map[target]bool{},
 		ages:        newAges(config.DeliveryAgeBuckets),
 	}
@@ -190,6 +193,18 @@ func (c *Collector) AddDeduplicator(name string, d *valkeystream.Deduplicator) e
 	return nil
 }
 
+// AddExactlyOnce reports the counters of x (ExactlyOnce.Stats) under the
+// label exactly_once=name. Each name may be used once.
+func (c *Collector) AddExactlyOnce(name string, x *valkeystream.ExactlyOnce) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.onces[name]; taken {
+		return fmt.Errorf("valkeystream metrics: an ExactlyOnce named %q is registered already: give each a name of its own", name)
+	}
+	c.onces[name] = x
+	return nil
+}
+
 // WatchGroup samples a stream key and one of its consumer groups on the
 // server, whether or not a Subscriber of this process reads it.
 func (c *Collector) WatchGroup(stream, group string) {
@@ -208,6 +223,7 @@ var (
 	labelSubscriber   = []string{"subscriber"}
 	labelPublisher    = []string{"publisher"}
 	labelDedup        = []string{"deduplicator"}
+	labelOnce         = []string{"exactly_once"}
 	labelSubscription = []string{"subscriber", "stream", "group", "consumer"}
 	labelStream       = []string{"stream"}
 	labelGroup        = []string{"stream", "group"}
@@ -258,6 +274,20 @@ var (
 	descDeadLetteredBySource = desc("middleware_dead_lettered_by_source_total", "Messages given up by the DeadLetter or DeliveryLimit middleware in this process, by the stream and consumer group they were delivered from.", []string{"middleware", "stream", "group"})
 	descDeadFailuresBySource = desc("middleware_dead_letter_failures_by_source_total", "Dead letters the DeadLetter middleware could not publish in this process, by the stream and consumer group the messages were delivered from.", []string{"stream", "group"})
 )
+
+// onceCounters are the counters of valkeystream.ExactlyOnceStats, in order.
+var onceCounters = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.ExactlyOnceStats) int64
+}{
+	{desc("exactly_once_committed_total", "Handlings whose outputs and input Ack were written in one step.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Committed }},
+	{desc("exactly_once_outputs_total", "Messages the committed steps wrote.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Outputs }},
+	{desc("exactly_once_superseded_total", "Steps that wrote nothing because the input was no longer the delivery's (acknowledged, or delivered again elsewhere).", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Superseded }},
+	{desc("exactly_once_failed_total", "Steps not committed within CommitTimeout, or refused by the server: the input was Nacked.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Failed }},
+	{desc("exactly_once_non_atomic_total", "Handlings published the usual way (NonAtomicFallback): their outputs may repeat after a crash.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.NonAtomic }},
+	{desc("exactly_once_refused_total", "Handlings refused with ErrNotAtomic (keys in several slots, another client, no consumer group).", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Refused }},
+	{desc("exactly_once_not_replicated_total", "Committed steps whose outputs fewer replicas than WaitReplicas confirmed in time.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.NotReplicated }},
+}
 
 // dedupCounters are the counters of valkeystream.DedupStats, in order.
 var dedupCounters = []struct {
@@ -330,6 +360,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range dedupCounters {
 		ch <- d.desc
 	}
+	for _, o := range onceCounters {
+		ch <- o.desc
+	}
 	for _, d := range []*prometheus.Desc{descRunning, descReady, descFailing, descLength, descDeadLetters, descLag,
 		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors,
 		descMiddlewareDeadLettered, descMiddlewareDeadFailures, descDeadLetteredBySource, descDeadFailuresBySource,
@@ -353,6 +386,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	dedups := make(map[string]*valkeystream.Deduplicator, len(c.dedups))
 	for n, d := range c.dedups {
 		dedups[n] = d
+	}
+	onces := make(map[string]*valkeystream.ExactlyOnce, len(c.onces))
+	for n, x := range c.onces {
+		onces[n] = x
 	}
 	targets := make(map[target]bool, len(c.watched))
 	for t := range c.watched {
@@ -409,6 +446,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		stats := d.Stats()
 		for _, dc := range dedupCounters {
 			ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(dc.get(stats)), name)
+		}
+	}
+	for name, x := range onces {
+		stats := x.Stats()
+		for _, oc := range onceCounters {
+			ch <- prometheus.MustNewConstMetric(oc.desc, prometheus.CounterValue, float64(oc.get(stats)), name)
 		}
 	}
 	c.ages.vec.Collect(ch)

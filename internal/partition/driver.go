@@ -491,7 +491,8 @@ func (d *Driver) ended(ctx context.Context, t *tenure) {
 	if !t.stopping && ctx.Err() == nil {
 		d.cfg.Logger.Error("A partition's loop ended on its own; releasing the partition", nil, watermill.LogFields{"partition": t.index})
 	}
-	err := d.call(ctx, t.o.Release)
+	// Released also when ctx has just ended (close releases the rest).
+	err := d.call(context.WithoutCancel(ctx), t.o.Release)
 	switch {
 	case errors.Is(err, ErrFenced):
 		d.lose(t, err)

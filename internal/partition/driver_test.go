@@ -437,3 +437,36 @@ func TestDriverTakesOverFromAMemberThatDied(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, a.d.Owned())
 	assert.Equal(t, released, b.d.Stats().Released, "b died: it released nothing")
 }
+
+// A config without a required setting, or with a beat too slow for its
+// TTLs, is refused, naming the setting.
+func TestDriverConfigValidate(t *testing.T) {
+	run := func(context.Context, Owned) {}
+	ok := DriverConfig{Group: "g", Member: "m", Start: "$", Run: run}
+	ok.setDefaults()
+	require.NoError(t, ok.Validate())
+	cases := []struct {
+		name string
+		edit func(c *DriverConfig)
+		want string
+	}{
+		{"no group", func(c *DriverConfig) { c.Group = "" }, "Group"},
+		{"no member", func(c *DriverConfig) { c.Member = "" }, "Member"},
+		{"no start", func(c *DriverConfig) { c.Start = "" }, "Start"},
+		{"no run", func(c *DriverConfig) { c.Run = nil }, "Run"},
+		{"negative beat", func(c *DriverConfig) { c.Beat = -time.Second }, "positive"},
+		{"slow beat", func(c *DriverConfig) { c.Beat = c.OwnerTTL / 2 }, "a third"},
+		{"no page", func(c *DriverConfig) { c.HandOverPage = -1 }, "HandOverPage"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := ok
+			c.edit(&cfg)
+			assert.ErrorContains(t, cfg.Validate(), c.want)
+		})
+	}
+	l, err := NewLayout("t", 2)
+	require.NoError(t, err)
+	_, err = NewDriver(nil, l, DriverConfig{Group: "g", Member: "m", Start: "$"})
+	assert.ErrorContains(t, err, "invalid driver config")
+}

@@ -62,5 +62,6 @@
 // [ErrFenced] and changes nothing, so it can neither deliver another entry
 // of it nor acknowledge one the new owner holds. The epoch makes two
 // ownerships of the same member differ. [Server] is the loop.Server of one
-// owned partition, built on those scripts.
+// owned partition, built on those scripts, and [Driver] runs the protocol
+// for one subscription, starting a loop for each partition it owns.
 package partition

@@ -58,6 +58,18 @@ func (p *Partition) Keys() Keys { return p.keys }
 // Group returns the consumer group.
 func (p *Partition) Group() string { return p.group }
 
+// CreateGroup creates the group on the partition's stream, and the stream
+// if need be, starting after the id start ("$": the last entry now; "0":
+// the start), unless the group exists (BUSYGROUP), whatever its position.
+// It needs no ownership: it only ever creates.
+func (p *Partition) CreateGroup(ctx context.Context, start string) error {
+	err := p.client.XGroupCreateMkStream(ctx, p.keys.Stream, p.group, start).Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return fmt.Errorf("partition: creating group %q on stream %q at %q: %w", p.group, p.keys.Stream, start, err)
+	}
+	return nil
+}
+
 // HeldError is the error of an Acquire of a partition that has an owner.
 // It wraps ErrHeld.
 type HeldError struct {

@@ -13,6 +13,10 @@ import (
 // Defaults for the configuration fields. Each field's comment names the one it
 // uses.
 const (
+	// DefaultPartitionOwnerTTL is how long a subscription's ownership of a
+	// partition lives without renewal (SubscriberConfig.PartitionOwnerTTL).
+	DefaultPartitionOwnerTTL = 10 * time.Second
+
 	// DefaultBatchSize is the most entries one read or claim asks for.
 	DefaultBatchSize = 100
 	// DefaultBlockTime bounds one blocking read of new entries, and so how
@@ -251,6 +255,26 @@ type SubscriberConfig struct {
 	// cluster slot. Default: none.
 	KeyPrefix string
 
+	// Partitions declares partitioned topics: topic -> partition count
+	// (1..MaxPartitions), as PublisherConfig.Partitions does; give both the
+	// same map. Within the consumer group each partition is handled by one
+	// live subscription at a time, in stream order with one message in
+	// flight, so a subscription's messages of one partition key come one
+	// after the other, in order; a subscription handles the partitions it
+	// owns in parallel, and the subscriptions of the group split the
+	// partitions evenly among them (docs/partitions.md). Needs
+	// ConsumerGroup. Default: none.
+	Partitions map[string]int
+
+	// PartitionOwnerTTL is how long a subscription's ownership of a
+	// partition lives without renewal: a subscription that dies (kill -9,
+	// cut off) keeps its partitions this long before the others take them
+	// over. It is renewed, and the partitions rebalanced, every twentieth
+	// of it; a subscription that Closes hands its partitions over at once.
+	// At least 100ms. Only used with Partitions. Default:
+	// DefaultPartitionOwnerTTL.
+	PartitionOwnerTTL time.Duration
+
 	// BatchSize is the most entries one read (XREADGROUP or XREAD COUNT) or
 	// one claim (XAUTOCLAIM COUNT) takes. A subscription never holds more
 	// fetched but undelivered entries than this. Default: DefaultBatchSize.
@@ -455,6 +479,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.DelayedIdlePollInterval == 0 {
 		c.DelayedIdlePollInterval = max(DefaultDelayedIdlePollInterval, c.DelayedPollInterval)
 	}
+	if c.PartitionOwnerTTL == 0 {
+		c.PartitionOwnerTTL = DefaultPartitionOwnerTTL
+	}
 }
 
 // Validate reports the first problem with the configuration, as an error
@@ -472,6 +499,12 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: DeleteAcked is set without a ConsumerGroup: only a group acknowledges entries; set ConsumerGroup or unset DeleteAcked", ErrInvalidConfig)
 	case c.DeleteAcked && c.BaselineVerbs:
 		return fmt.Errorf("%w: DeleteAcked needs XACKDEL, which BaselineVerbs rules out: unset one of them", ErrInvalidConfig)
+	case len(c.Partitions) > 0 && c.DeleteAcked:
+		return fmt.Errorf("%w: DeleteAcked is set with Partitions: a partition's Acks are checked against its ownership and sent as XACK; unset one of them", ErrInvalidConfig)
+	case len(c.Partitions) > 0 && c.ConsumerGroup == "":
+		return fmt.Errorf("%w: Partitions is set without a ConsumerGroup: a partition is owned by one subscription of a group; set ConsumerGroup", ErrInvalidConfig)
+	case c.PartitionOwnerTTL != 0 && c.PartitionOwnerTTL < 100*time.Millisecond:
+		return fmt.Errorf("%w: PartitionOwnerTTL is %s: it must be at least 100ms (0: %s)", ErrInvalidConfig, c.PartitionOwnerTTL, DefaultPartitionOwnerTTL)
 	case c.ConsumerGroup != "" && c.Consumer == "":
 		return fmt.Errorf("%w: Consumer is empty and the host name is unknown: set Consumer", ErrInvalidConfig)
 	case strings.ContainsAny(c.KeyPrefix, "{}"):
@@ -508,6 +541,9 @@ func (c SubscriberConfig) Validate() error {
 	case c.RemoveIdleConsumersAfter != NeverRemoveConsumers && c.RemoveIdleConsumersAfter <= c.ClaimMinIdle:
 		return fmt.Errorf("%w: RemoveIdleConsumersAfter (%s) must exceed ClaimMinIdle (%s), or be NeverRemoveConsumers to keep every consumer",
 			ErrInvalidConfig, c.RemoveIdleConsumersAfter, c.ClaimMinIdle)
+	}
+	if _, err := newPartitionedTopics(c.Partitions, c.KeyPrefix, "Partitions"); err != nil {
+		return err
 	}
 	return nil
 }

@@ -35,6 +35,11 @@ type SubscriptionStatus struct {
 	// is the last one's error.
 	Failures  int    `json:"failures,omitempty"`
 	LastError string `json:"last_error,omitempty"`
+	// Partitions are the stream keys of the partitions of a partitioned
+	// topic, in partition order (nil for a plain topic), and Owned the
+	// partitions this subscription owns now.
+	Partitions []string `json:"partitions,omitempty"`
+	Owned      []int    `json:"owned,omitempty"`
 	// Ended is true once the subscription's loop has returned (its context
 	// was cancelled or the Subscriber was closed), which is just after its
 	// message channel is closed. An ended subscription is listed until
@@ -46,8 +51,17 @@ type SubscriptionStatus struct {
 // (as its loop.Health) and by Subscribe. Its methods accept a nil receiver, so
 // that a loop without one needs no check.
 type subscriptionHealth struct {
-	mu sync.Mutex
-	st SubscriptionStatus
+	mu    sync.Mutex
+	st    SubscriptionStatus
+	owned func() []int // of a partitioned topic; nil otherwise
+}
+
+// setPartitions records the partition streams of a partitioned topic, and
+// where to read which the subscription owns.
+func (h *subscriptionHealth) setPartitions(streams []string, owned func() []int) {
+	h.mu.Lock()
+	h.st.Partitions, h.owned = streams, owned
+	h.mu.Unlock()
 }
 
 func (h *subscriptionHealth) setConsumer(name string) {
@@ -95,7 +109,11 @@ func (h *subscriptionHealth) Recovered() {
 func (h *subscriptionHealth) status() SubscriptionStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.st
+	st := h.st
+	if h.owned != nil && !st.Ended {
+		st.Owned = h.owned()
+	}
+	return st
 }
 
 // healthRegistry holds the state of a Subscriber's subscriptions.

@@ -3,7 +3,11 @@ package valkeystream_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -104,4 +108,187 @@ func TestPartitionsConfigIsValidated(t *testing.T) {
 		assert.ErrorIs(t, err, valkeystream.ErrInvalidConfig, name)
 		assert.ErrorContains(t, err, "Partitions", name)
 	}
+}
+
+// partitionedEnv is a test's partitioned topic of n partitions.
+func (e *env) partitioned(n int) (pub *valkeystream.Publisher, sub func(consumer string) *valkeystream.Subscriber) {
+	e.t.Helper()
+	parts := map[string]int{e.topic: n}
+	pub = e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = parts })
+	sub = func(consumer string) *valkeystream.Subscriber {
+		return e.subscriber("g", consumer, fastRedelivery, func(c *valkeystream.SubscriberConfig) {
+			c.Partitions = parts
+			c.PartitionOwnerTTL = 500 * time.Millisecond
+		})
+	}
+	return pub, sub
+}
+
+// handled is what a partitioned test's handlers saw: per key, the
+// sequence numbers of first deliveries, in order.
+type handled struct {
+	mu    sync.Mutex
+	byKey map[string][]int
+	seen  map[string]bool // uuid
+	twice int
+}
+
+func (h *handled) add(msg *message.Message) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byKey == nil {
+		h.byKey, h.seen = map[string][]int{}, map[string]bool{}
+	}
+	if h.seen[msg.UUID] {
+		h.twice++
+		return
+	}
+	h.seen[msg.UUID] = true
+	seq, _ := strconv.Atoi(msg.Metadata.Get("seq"))
+	key := msg.Metadata.Get(valkeystream.MetadataPartitionKey)
+	h.byKey[key] = append(h.byKey[key], seq)
+}
+
+func (h *handled) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.seen)
+}
+
+// checkOrder fails the test unless every key's first deliveries came in
+// publish order, all of them.
+func (h *handled) checkOrder(t *testing.T, perKey int) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for key, seqs := range h.byKey {
+		for i, seq := range seqs {
+			if seq != i {
+				t.Fatalf("key %s: first deliveries %v, want 0..%d in order", key, seqs, perKey-1)
+			}
+		}
+		assert.Len(t, seqs, perKey, "deliveries of key %s", key)
+	}
+}
+
+func publishKeyed(t *testing.T, pub *valkeystream.Publisher, topic string, keys, from, to int) {
+	t.Helper()
+	for seq := from; seq < to; seq++ {
+		batch := make([]*message.Message, 0, keys)
+		for k := range keys {
+			batch = append(batch, keyed(fmt.Sprint("key-", k), seq))
+		}
+		require.NoError(t, pub.Publish(topic, batch...))
+	}
+}
+
+func TestAPartitionedTopicKeepsPerKeyOrderAcrossSubscriptions(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	pub, newSub := e.partitioned(8)
+	var h handled
+	var inFlight sync.Map // partition -> handling now
+	var overlap atomic.Int64
+	handler := func(msg *message.Message) error {
+		p := msg.Metadata.Get(valkeystream.MetadataPartition)
+		if _, busy := inFlight.LoadOrStore(p, true); busy {
+			overlap.Add(1)
+		}
+		time.Sleep(time.Millisecond)
+		inFlight.Delete(p)
+		h.add(msg)
+		return nil
+	}
+	a, b := newSub("a"), newSub("b")
+	e.runRouter(a, handler)
+	publishKeyed(t, pub, e.topic, 20, 0, 10)
+	waitUntil(t, "a third of the messages handled", func() bool { return h.count() >= 60 })
+	waitUntil(t, "a owns every partition", func() bool { return len(owned(a)) == 8 })
+	e.runRouter(b, handler) // joins: the partitions split 4/4
+	publishKeyed(t, pub, e.topic, 20, 10, 20)
+	waitUntil(t, "the partitions split 4/4", func() bool { return len(owned(a)) == 4 && len(owned(b)) == 4 })
+	waitUntil(t, "every message handled", func() bool { return h.count() == 400 })
+	h.checkOrder(t, 20)
+	assert.Zero(t, overlap.Load(), "two messages of one partition in flight at once")
+	assert.Zero(t, e.pendingCount(mustStreams(t, e.topic, 8)[0], "g"))
+}
+
+// owned returns the partitions sub's one subscription owns.
+func owned(sub *valkeystream.Subscriber) []int {
+	for _, st := range sub.Subscriptions() {
+		if !st.Ended {
+			return st.Owned
+		}
+	}
+	return nil
+}
+
+func mustStreams(t *testing.T, topic string, n int) []string {
+	t.Helper()
+	s, err := valkeystream.PartitionStreams(topic, n)
+	require.NoError(t, err)
+	return s
+}
+
+// TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore cuts an owner off
+// the server (its bytes held, as a frozen process's) while its handler
+// holds a message, past PartitionOwnerTTL: another subscription takes the
+// partition over, handles the held message first and the next ones in
+// order. Healed, the old owner delivers nothing more of the partition, and
+// its late Ack takes nothing from the new owner.
+func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	pub, newSub := e.partitioned(1)
+	proxy := testserver.NewProxy(t, e.srv.Addr())
+	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = cutClient.Close() })
+	a := e.subscriber("g", "a", fastRedelivery, onClient(cutClient), func(c *valkeystream.SubscriberConfig) {
+		c.Partitions = map[string]int{e.topic: 1}
+		c.PartitionOwnerTTL = 500 * time.Millisecond
+	})
+	msgsA := e.subscribeTo(a, e.topic)
+	publishKeyed(t, pub, e.topic, 1, 0, 5)
+	held := receive(t, msgsA)
+	require.Equal(t, "0", held.Metadata.Get("seq"))
+
+	proxy.Cut()
+	time.Sleep(1500 * time.Millisecond) // past the TTL: a's ownership lapses
+	b := newSub("b")
+	msgsB := e.subscribeTo(b, e.topic)
+	first := receive(t, msgsB)
+	require.Equal(t, "0", first.Metadata.Get("seq"), "the new owner's first delivery: the entry the old one held")
+	assert.Equal(t, "2", first.Metadata.Get(valkeystream.MetadataDeliveryCount))
+
+	proxy.Heal()
+	held.Ack() // late: fenced, it takes nothing from b
+	stream := mustStreams(t, e.topic, 1)[0]
+	time.Sleep(300 * time.Millisecond)
+	p, err := e.client.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	require.Len(t, p, 1, "the old owner's late Ack took the entry from the new owner")
+	assert.Equal(t, "b", p[0].Consumer)
+	first.Ack()
+	seqs := []string{"0"}
+	for range 4 {
+		m := receive(t, msgsB)
+		seqs = append(seqs, m.Metadata.Get("seq"))
+		m.Ack()
+	}
+	assert.Equal(t, []string{"0", "1", "2", "3", "4"}, seqs, "the new owner's deliveries")
+	publishKeyed(t, pub, e.topic, 1, 5, 10)
+	for seq := 5; seq < 10; seq++ {
+		m := receive(t, msgsB)
+		assert.Equal(t, strconv.Itoa(seq), m.Metadata.Get("seq"))
+		m.Ack()
+	}
+	select {
+	case m, ok := <-msgsA:
+		if ok {
+			t.Fatalf("the cut-off owner delivered seq %s after it lost the partition", m.Metadata.Get("seq"))
+		}
+	case <-time.After(time.Second):
+	}
+	waitUntil(t, "a found its ownership lost", func() bool { return a.PartitionStats().Fenced >= 1 || len(owned(a)) == 0 })
+	assert.Equal(t, []int{0}, owned(b))
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/partition"
 )
 
 // subscriberCounters are a Subscriber's counters: its loops', and the
@@ -12,6 +13,7 @@ import (
 type subscriberCounters struct {
 	loop.Counters
 	notForThisGroup atomic.Int64
+	partitions      partition.DriverCounters // see partitionsub.go
 }
 
 // Stats are counters of a Subscriber since it was created, summed over its

@@ -193,6 +193,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			return nil, s.closedOr(err)
 		}
 		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
+	} else if l, err := s.partitionLayout(topic); l != nil || err != nil {
+		logFields["consumer_group"] = s.config.ConsumerGroup
+		if err == nil {
+			run, err = s.subscribePartitioned(runCtx, cancel, topic, l, health, logFields, out) // see partitionsub.go
+		}
+		if err != nil {
+			abort()
+			return nil, s.closedOr(err)
+		}
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
 		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
@@ -207,7 +216,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 	s.logger.Debug("Subscribed", logFields)
 	health.setReady()
-	s.startDelayedMover(runCtx, key, logFields) // see delay.go
+	if streams := health.status().Partitions; streams != nil {
+		for _, stream := range streams {
+			s.startDelayedMover(runCtx, stream, logFields) // see delay.go
+		}
+	} else {
+		s.startDelayedMover(runCtx, key, logFields)
+	}
 	go func() {
 		defer s.wg.Done()
 		defer health.end()

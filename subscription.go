@@ -45,7 +45,6 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 	health *subscriptionHealth, logger watermill.LoggerAdapter, out chan *message.Message,
 ) *loop.Group {
 	cfg := s.loopConfig(key, lease.name)
-	from := origin{stream: key, group: cfg.Group, consumer: cfg.Consumer}
 	pruner := s.newPruner(key, lease.name, logger)
 	deps := loop.Deps{
 		Server: loop.NewRedisServer(s.config.Client, loop.RedisServerOptions{
@@ -61,31 +60,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		Counters: &s.stats.Counters,
 		Logger:   logger,
 		Health:   health,
-		Handling: loop.Handling{
-			Decode: func(e loop.Entry) (*message.Message, error) {
-				o := from
-				o.entryID = e.ID
-				msg, err := decodeEntry(s.config.Unmarshaler, e.Fields, o)
-				if err != nil {
-					return nil, err
-				}
-				if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != cfg.Group {
-					return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
-				}
-				// Delivered to its group, a replay is a message like any
-				// other: forwarded by the handler, it reaches every group.
-				delete(msg.Metadata, MetadataReplayGroup)
-				return msg, nil
-			},
-			NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },
-			DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
-				return s.deadLetterInvalid(ctx, key, lease.name, e, count, decodeErr, logger)
-			},
-			GiveUp: func(ctx context.Context, msg *message.Message, count int64, reason string) error {
-				return s.deadLetterGivenUp(ctx, key, lease.name, msg, count, reason, logger)
-			},
-			Delivered: func(id string) { s.observe.delivered(key, cfg.Group, id) },
-		},
+		Handling: s.groupHandling(deadSource{topic: key[len(s.config.KeyPrefix):], stream: key}, lease.name, logger),
 		// Like the loop's own calls, these end when the subscription does,
 		// whatever the client's options (see internal/bounded).
 		Reopen: func(ctx context.Context) error {
@@ -104,6 +79,44 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		deps.Shared = m
 	}
 	return loop.NewGroup(cfg, deps, out)
+}
+
+// deadSource is where a subscription's entries come from: the topic, whose
+// dead-letter stream (its stream key plus DeadLetterSuffix) takes its dead
+// letters, and the stream key it reads (a partition's, on a partitioned
+// topic).
+type deadSource struct{ topic, stream string }
+
+// groupHandling is how a group subscription of consumer reading src
+// decodes entries, and settles the ones no handler does.
+func (s *Subscriber) groupHandling(src deadSource, consumer string, logger watermill.LoggerAdapter) loop.Handling {
+	group := s.config.ConsumerGroup
+	from := origin{stream: src.stream, group: group, consumer: consumer}
+	return loop.Handling{
+		Decode: func(e loop.Entry) (*message.Message, error) {
+			o := from
+			o.entryID = e.ID
+			msg, err := decodeEntry(s.config.Unmarshaler, e.Fields, o)
+			if err != nil {
+				return nil, err
+			}
+			if g := msg.Metadata.Get(MetadataReplayGroup); g != "" && g != group {
+				return nil, fmt.Errorf("%w: a replay for group %q", loop.ErrNotForThisGroup, g)
+			}
+			// Delivered to its group, a replay is a message like any
+			// other: forwarded by the handler, it reaches every group.
+			delete(msg.Metadata, MetadataReplayGroup)
+			return msg, nil
+		},
+		NotForThisGroup: func() { s.stats.notForThisGroup.Add(1) },
+		DeadLetter: func(ctx context.Context, e loop.Entry, count int64, decodeErr error) error {
+			return s.deadLetterInvalid(ctx, src, consumer, e, count, decodeErr, logger)
+		},
+		GiveUp: func(ctx context.Context, msg *message.Message, count int64, reason string) error {
+			return s.deadLetterGivenUp(ctx, src, consumer, msg, count, reason, logger)
+		},
+		Delivered: func(id string) { s.observe.delivered(src.stream, group, id) },
+	}
 }
 
 // newFanOut returns the loop of the fan-out subscription of stream key that
@@ -146,16 +159,16 @@ func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error
 // acknowledges it. If the copy fails, the entry stays pending and comes
 // back with the next drain or reclaim. With NoDeadLetter it is only logged
 // with its raw fields.
-func (s *Subscriber) deadLetterInvalid(ctx context.Context, key, consumer string, e loop.Entry, count int64, decodeErr error, logger watermill.LoggerAdapter) error {
+func (s *Subscriber) deadLetterInvalid(ctx context.Context, src deadSource, consumer string, e loop.Entry, count int64, decodeErr error, logger watermill.LoggerAdapter) error {
 	if s.config.DeadLetterSuffix == NoDeadLetter {
 		logger.Error("Entry cannot be decoded; acknowledged without a dead letter (DeadLetterSuffix is NoDeadLetter)", decodeErr,
 			watermill.LogFields{"entry_id": e.ID, "fields": e.Fields})
 		return nil
 	}
-	dest := key + s.config.DeadLetterSuffix
+	dest := s.config.KeyPrefix + src.topic + s.config.DeadLetterSuffix
 	record := invalidEntryRecord(e.Fields, origin{
-		topic:         key[len(s.config.KeyPrefix):],
-		stream:        key,
+		topic:         src.topic,
+		stream:        src.stream,
 		entryID:       e.ID,
 		group:         s.config.ConsumerGroup,
 		consumer:      consumer,
@@ -177,17 +190,17 @@ func (s *Subscriber) deadLetterInvalid(ctx context.Context, key, consumer string
 // error (see deadLetterRecord), and logs it; the loop then acknowledges
 // it. If the copy fails, the entry stays pending and comes back through a
 // claim. With NoDeadLetter it is only logged.
-func (s *Subscriber) deadLetterGivenUp(ctx context.Context, key, consumer string, msg *message.Message, count int64, reason string, logger watermill.LoggerAdapter) error {
+func (s *Subscriber) deadLetterGivenUp(ctx context.Context, src deadSource, consumer string, msg *message.Message, count int64, reason string, logger watermill.LoggerAdapter) error {
 	fields := watermill.LogFields{"message_uuid": msg.UUID, "entry_id": msg.Metadata.Get(MetadataEntryID), "delivery_count": count, "reason": reason}
 	if s.config.DeadLetterSuffix == NoDeadLetter {
 		logger.Error("Message given up by its handler; acknowledged without a dead letter (DeadLetterSuffix is NoDeadLetter)", nil, fields)
 		return nil
 	}
-	dest := key + s.config.DeadLetterSuffix
+	dest := s.config.KeyPrefix + src.topic + s.config.DeadLetterSuffix
 	fields["dead_letter_stream"] = dest
 	record := deadLetterRecord(msg, origin{
-		topic:         key[len(s.config.KeyPrefix):],
-		stream:        key,
+		topic:         src.topic,
+		stream:        src.stream,
 		entryID:       msg.Metadata.Get(MetadataEntryID),
 		group:         s.config.ConsumerGroup,
 		consumer:      consumer,

@@ -28,6 +28,11 @@ type Config struct {
 	// NackDelay returns how long an entry Nacked on delivery number count
 	// waits before it is delivered again.
 	NackDelay func(count int64) time.Duration
+
+	// Ordered keeps the stream's order through Nacks (a partition of a
+	// partitioned topic): a Nack with a retry-after is a plain Nack,
+	// whose entry comes back before the next one.
+	Ordered bool
 }
 
 // Deps are what a subscription's loop is handed by its Subscriber: the

@@ -43,3 +43,24 @@ func TestASettledDeliverysAckSendsNoXACK(t *testing.T) {
 		t.Fatalf("Settled = %d, want 1", got)
 	}
 }
+
+func TestAnOrderedLoopRedeliversARetryAfterBeforeTheNext(t *testing.T) {
+	for _, ordered := range []bool{true, false} {
+		srv := newFakeServer(2)
+		cfg := testConfig()
+		cfg.Ordered = ordered
+		out, _, _ := run(t, cfg, srv, nil)
+		first := receive(t, out)
+		first.Metadata.Set(MetadataRetryAfter, "1h")
+		first.Nack()
+		next := receive(t, out)
+		want := "2-0" // deferred for an hour: the next one flows on
+		if ordered {
+			want = "1-0" // a plain Nack: it comes back first
+		}
+		if next.UUID != want {
+			t.Fatalf("ordered=%v: after a RetryAfter of 1-0 came %s, want %s", ordered, next.UUID, want)
+		}
+		next.Ack()
+	}
+}

@@ -66,6 +66,9 @@ type DriverConfig struct {
 	// Hints are the client's failover hints for the partitions' Servers;
 	// nil: none.
 	Hints *failover.Hints
+	// Counters, unless nil, are counted into (shared with other drivers);
+	// nil: the driver's own.
+	Counters *DriverCounters
 	// Logger logs the moves and the faults; nil: none.
 	Logger watermill.LoggerAdapter
 }
@@ -187,7 +190,18 @@ type Driver struct {
 	assigned []int
 
 	owned atomic.Pointer[[]int]
-	stats struct{ rebalances, acquired, released, lost, handedOver atomic.Int64 }
+	stats *DriverCounters
+	// counted is how many partitions the Owned gauge counts for this
+	// driver; only Run's goroutine touches it.
+	counted int64
+}
+
+// DriverCounters are the counters of drivers (see DriverStats for what each
+// counts), which the drivers of one Subscriber may share; Owned is a gauge
+// of the partitions they hold.
+type DriverCounters struct {
+	Rebalances, Acquired, Released, Lost, HandedOver atomic.Int64
+	Owned                                            atomic.Int64
 }
 
 // tenure is the driver's ownership of one partition, from its
@@ -221,17 +235,21 @@ func NewDriver(client redis.UniversalClient, layout *Layout, cfg DriverConfig) (
 		d.parts[i] = NewPartition(client, layout.Keys(i, cfg.Group), cfg.Group)
 	}
 	d.owned.Store(&[]int{})
+	d.stats = cfg.Counters
+	if d.stats == nil {
+		d.stats = new(DriverCounters)
+	}
 	return d, nil
 }
 
 // Stats returns the driver's counters.
 func (d *Driver) Stats() DriverStats {
 	return DriverStats{
-		Rebalances: d.stats.rebalances.Load(),
-		Acquired:   d.stats.acquired.Load(),
-		Released:   d.stats.released.Load(),
-		Lost:       d.stats.lost.Load(),
-		HandedOver: d.stats.handedOver.Load(),
+		Rebalances: d.stats.Rebalances.Load(),
+		Acquired:   d.stats.Acquired.Load(),
+		Released:   d.stats.Released.Load(),
+		Lost:       d.stats.Lost.Load(),
+		HandedOver: d.stats.HandedOver.Load(),
 	}
 }
 
@@ -300,7 +318,7 @@ func (d *Driver) beat(ctx context.Context) {
 	}
 	mine := Rebalance(owners, members)[d.cfg.Member]
 	if !slices.Equal(mine, d.assigned) {
-		d.stats.rebalances.Add(1)
+		d.stats.Rebalances.Add(1)
 		d.cfg.Logger.Debug("Partition split changed", watermill.LogFields{"partitions": fmt.Sprint(mine), "members": len(members)})
 		d.assigned = mine
 	}
@@ -386,7 +404,7 @@ func (d *Driver) lose(t *tenure, err error) {
 		return
 	}
 	t.cancel()
-	d.stats.lost.Add(1)
+	d.stats.Lost.Add(1)
 	d.cfg.Logger.Error("Lost the ownership of a partition; its loop stops", err, watermill.LogFields{"partition": t.index})
 }
 
@@ -407,7 +425,7 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 		d.cfg.Logger.Error("Acquiring a partition failed; trying again on the next beat", err, watermill.LogFields{"partition": i})
 		return
 	}
-	d.stats.acquired.Add(1)
+	d.stats.Acquired.Add(1)
 	pctx, cancel := context.WithCancel(ctx)
 	t := &tenure{index: i, o: o, cancel: cancel}
 	d.tenures[i] = t
@@ -466,7 +484,7 @@ func (d *Driver) handOver(ctx context.Context, t *tenure) error {
 			return err
 		}
 		moved += h.Moved
-		d.stats.handedOver.Add(h.Moved)
+		d.stats.HandedOver.Add(h.Moved)
 		if h.Next == "0-0" {
 			break
 		}
@@ -501,7 +519,7 @@ func (d *Driver) ended(ctx context.Context, t *tenure) {
 		d.cfg.Logger.Error("Releasing a partition failed; a peer acquires it once its record lapses", err,
 			watermill.LogFields{"partition": t.index})
 	default:
-		d.stats.released.Add(1)
+		d.stats.Released.Add(1)
 		d.cfg.Logger.Debug("Released a partition", watermill.LogFields{"partition": t.index})
 	}
 }
@@ -536,6 +554,8 @@ func (d *Driver) publish() {
 	}
 	slices.Sort(owned)
 	d.owned.Store(&owned)
+	d.stats.Owned.Add(int64(len(owned)) - d.counted)
+	d.counted = int64(len(owned))
 }
 
 // call runs f with a context bounded by OwnerTTL (a call later than that

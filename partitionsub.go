@@ -1,0 +1,199 @@
+package valkeystream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/lease"
+	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/partition"
+)
+
+// A subscription of a partitioned topic (see partitioned.go): a driver
+// (internal/partition) makes it a member of its group's partitions, owns
+// the partitions the even split gives it, and runs one loop per owned
+// partition, fenced by the ownership, whose messages go to the
+// subscription's one channel.
+
+// PartitionStats are the counters of a Subscriber's subscriptions of
+// partitioned topics (Subscriber.PartitionStats).
+type PartitionStats struct {
+	// Owned is a gauge: the partitions the subscriptions own now.
+	Owned int64
+	// Rebalances counts the beats whose split gave a subscription other
+	// partitions than before.
+	Rebalances int64
+	// Acquired counts the partitions a subscription took; Released those it
+	// gave back (after its in-flight message was settled, on a rebalance or
+	// on Close); HandedOver the pending entries it took over from the
+	// previous owners when it acquired them.
+	Acquired, Released, HandedOver int64
+	// Fenced counts ownerships found lost: a subscription that was frozen
+	// or cut off past PartitionOwnerTTL while another took the partition
+	// over; its reads and Acks of that partition were refused by the
+	// server, and it stopped handling it.
+	Fenced int64
+}
+
+// PartitionStats returns the counters of the Subscriber's subscriptions of
+// partitioned topics.
+func (s *Subscriber) PartitionStats() PartitionStats {
+	c := &s.stats.partitions
+	return PartitionStats{
+		Owned: c.Owned.Load(), Rebalances: c.Rebalances.Load(),
+		Acquired: c.Acquired.Load(), Released: c.Released.Load(), HandedOver: c.HandedOver.Load(),
+		Fenced: c.Lost.Load(),
+	}
+}
+
+// partitionLayout returns the layout of topic when it is partitioned, or
+// nil.
+func (s *Subscriber) partitionLayout(topic string) (*partition.Layout, error) {
+	n, ok := s.config.Partitions[topic]
+	if !ok {
+		return nil, nil
+	}
+	return partition.NewLayout(s.config.KeyPrefix+topic, n)
+}
+
+// declarePartitions makes sure the server holds l's partition count for
+// topic (see partitionedTopics.declare).
+func declarePartitions(ctx context.Context, client redis.Scripter, topic string, l *partition.Layout) error {
+	err := l.Declare(ctx, client)
+	var mismatch *partition.CountMismatchError
+	switch {
+	case errors.As(err, &mismatch):
+		return fmt.Errorf("%w: topic %q is declared with %d partitions on the server (key %q), this one with %d: every Publisher and Subscriber of a topic must declare one count; changing it is a migration (docs/partitions.md)",
+			ErrPartitionCount, topic, mismatch.Declared, partition.DeclarationKey(l.Topic()), mismatch.Asked)
+	case err != nil:
+		return fmt.Errorf("valkeystream: declaring the partition count of topic %q: %w", topic, err)
+	}
+	return nil
+}
+
+// openPartitioned declares topic's partitions, runs the group door on each
+// partition's stream, and leases the subscription's consumer name (its
+// member id in the group), all at Subscribe, so that a group created at
+// StartNew begins at Subscribe on every partition.
+func (s *Subscriber) openPartitioned(ctx context.Context, topic string, l *partition.Layout, logger watermill.LoggerAdapter) (*lease.Lease, error) {
+	if err := declarePartitions(ctx, s.config.Client, topic, l); err != nil {
+		return nil, err
+	}
+	key := l.Topic()
+	pipe := s.config.Client.Pipeline()
+	streams := l.Streams()
+	doors := make([]*redis.StatusCmd, len(streams))
+	for i, stream := range streams {
+		doors[i] = pipe.XGroupCreateMkStream(ctx, stream, s.config.ConsumerGroup, s.config.Start.id())
+	}
+	first := lease.QueueFirst(ctx, pipe, s.leaseConfig(key), s.leaseDeps(key, logger))
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for i, door := range doors {
+		if err := s.doorError(ctx, streams[i], door.Err()); err != nil {
+			first.Abandon()
+			return nil, err
+		}
+	}
+	return first.Take(ctx)
+}
+
+// subscribePartitioned starts a subscription of the partitioned topic of
+// layout l, and returns its run.
+func (s *Subscriber) subscribePartitioned(ctx context.Context, cancel context.CancelFunc, topic string, l *partition.Layout,
+	health *subscriptionHealth, logFields watermill.LogFields, out chan *message.Message,
+) (func(context.Context), error) {
+	held, err := s.openPartitioned(ctx, topic, l, s.logger.With(logFields))
+	if err != nil {
+		return nil, err
+	}
+	logFields["consumer"] = held.Name()
+	logFields["partitions"] = l.N()
+	health.setConsumer(held.Name())
+	return s.newPartitioned(ctx, cancel, topic, l, held, health, s.logger.With(logFields), out)
+}
+
+// newPartitioned returns the run of a subscription of the partitioned
+// topic of layout l under the consumer name held: its driver, until ctx
+// ends, with every partition's loop; cancel ends the subscription (when
+// the name is lost).
+func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFunc, topic string, l *partition.Layout, held *lease.Lease,
+	health *subscriptionHealth, logger watermill.LoggerAdapter, out chan *message.Message,
+) (func(context.Context), error) {
+	ttl := s.config.PartitionOwnerTTL
+	member := held.Name()
+	d, err := partition.NewDriver(s.config.Client, l, partition.DriverConfig{
+		Group:    s.config.ConsumerGroup,
+		Member:   member,
+		Start:    s.config.Start.id(),
+		Beat:     ttl / 20,
+		OwnerTTL: ttl,
+		// A member's entry outlives its ownerships a little, so that a
+		// subscription that died leaves the split no later than its
+		// partitions lapse.
+		MemberTTL: ttl,
+		Run: func(ctx context.Context, p partition.Owned) {
+			s.runPartition(ctx, topic, member, p, health, logger, out)
+		},
+		Hints:    &s.failover,
+		Counters: &s.stats.partitions,
+		Logger:   logger,
+	})
+	if err != nil {
+		held.Keep(ctx, cancel, logger)() // frees the name at once
+		return nil, fmt.Errorf("valkeystream: subscribing to the partitions of topic %q: %w", topic, err)
+	}
+	health.setPartitions(l.Streams(), d.Owned)
+	release := held.Keep(ctx, cancel, logger)
+	return func(ctx context.Context) {
+		defer close(out)
+		defer release()
+		_ = d.Run(ctx) // returns once every partition's loop has ended
+	}, nil
+}
+
+// runPartition runs the loop of partition p while the subscription owns
+// it, and forwards its messages to out. A message no handler took when
+// the loop ends is Nacked: it stays pending for the partition's next
+// owner, which takes it over first.
+func (s *Subscriber) runPartition(ctx context.Context, topic, member string, p partition.Owned, health *subscriptionHealth,
+	logger watermill.LoggerAdapter, out chan<- *message.Message,
+) {
+	stream := p.Ownership.Partition().Keys().Stream
+	plog := logger.With(watermill.LogFields{"partition": p.Index, "partition_stream": stream})
+	cfg := p.LoopConfig(s.loopConfig(stream, member))
+	cfg.Ordered = true
+	deps := loop.Deps{
+		Server:   p.Server,
+		Counters: &s.stats.Counters,
+		Logger:   plog,
+		Health:   health,
+		Handling: s.groupHandling(deadSource{topic: topic, stream: stream}, member, plog),
+		Reopen:   func(ctx context.Context) error { return p.Ownership.Partition().CreateGroup(ctx, p.Start) },
+	}
+	pout := make(chan *message.Message)
+	g := loop.NewGroup(cfg, deps, pout)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		g.Run(ctx)
+	}()
+	for msg := range pout {
+		msg.Metadata.Set(MetadataPartition, strconv.Itoa(p.Index))
+		select {
+		case out <- msg:
+		case <-ctx.Done():
+			msg.Nack()
+		}
+	}
+	<-ended
+}
+
+// MetadataPartition is set on every message of a partitioned topic: the
+// index of its partition.
+const MetadataPartition = "valkeystream_partition"

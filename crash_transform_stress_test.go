@@ -8,19 +8,19 @@ import (
 )
 
 // TestCrashAuditTransformStress is the full-size transform audit: at least
-// 20 kills (about one every 1.5 s, more if the workers fall behind: the
-// kills go on until the backlog is nearly handled) over 25 000 inputs
-// published over 30 s, with ExactlyOnce (no input lost, none without
+// 20 kills (about one a second, more if the workers fall behind: the kills
+// go on until the backlog is nearly handled) and 6 freezes over 30 000
+// inputs published over 40 s, with ExactlyOnce (no input lost, none without
 // an output, none with more than one) and without it, where the control
 // must show inputs with more than one output (go test -tags stress -run
 // TestCrashAuditTransformStress -timeout 30m .).
 func TestCrashAuditTransformStress(t *testing.T) {
 	params := func(exactlyOnce bool) crashAuditParams {
 		p := crashTransformParams(exactlyOnce)
-		p.Messages = 25000
+		p.Messages = 30000
 		p.Rounds = 20
-		p.KillEvery = [2]time.Duration{time.Second, 2 * time.Second}
-		p.PublishFor = 30 * time.Second
+		p.KillEvery = [2]time.Duration{600 * time.Millisecond, 1500 * time.Millisecond}
+		p.PublishFor = 40 * time.Second
 		p.Freezes = 6
 		return p
 	}

@@ -51,6 +51,14 @@ type crashAuditParams struct {
 	Batch      int              // messages per Publish call
 	Dedup      bool             // workers handle through the Deduplicator
 	Delayed    float64          // fraction of messages published with a delay of up to 1 s
+	// Transform makes the workers transform stages, one output per input
+	// to another topic, ExactlyOnce with its middleware (crash_transform_test.go).
+	Transform, ExactlyOnce bool
+	// Freezes is how many rounds, spread among the kills, instead stop a
+	// worker inside a handler with SIGSTOP for longer than ClaimMinIdle
+	// and resume it (see freeze): a peer takes its entries meanwhile, and
+	// the resumed handler finishes a delivery no longer its own.
+	Freezes int
 }
 
 // TestCrashAudit runs consumers as separate processes (internal/crashworker)
@@ -116,6 +124,9 @@ type crashWorker struct {
 	ended  map[string]bool // entry ids this process finished handling
 	killed bool
 
+	// lastEntry is the entry of the last ledger line read of this process.
+	lastEntry string
+
 	// With Dedup: the UUID of the last message this process handled, and
 	// whether it was marked done afterwards.
 	lastHandled       string
@@ -159,9 +170,12 @@ type crashAudit struct {
 	began   int
 	maxDC   int // highest delivery count seen
 	kills   crashKillStats
+	freezes crashFreezeStats
+
+	transform crashTransformResult // with Transform
 }
 
-func runCrashAudit(t *testing.T, p crashAuditParams) {
+func runCrashAudit(t *testing.T, p crashAuditParams) *crashAudit {
 	srv := testserver.Start(t)
 	bin := buildCrashWorker(t)
 	seed := uint64(time.Now().UnixNano())
@@ -219,7 +233,7 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 			default:
 			}
 		}
-		if round >= p.Rounds && pub != nil && len(pub.uuids)-len(a.handled) <= p.Messages/50 {
+		if a.kills.kills >= p.Rounds && pub != nil && len(pub.uuids)-len(a.handled) <= p.Messages/50 {
 			break
 		}
 		require.True(t, time.Now().Before(giveUp), "still killing after %d rounds: %d published, %d handled",
@@ -243,6 +257,10 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 
 		lastSlot = slot
 		victim := slots[slot]
+		if f := a.freezes.freezes; f < p.Freezes && a.kills.kills >= (f+1)*p.Rounds/(p.Freezes+1) {
+			a.freeze(victim) // it goes on under its name: no restart
+			continue
+		}
 		a.kill(victim)
 		lastKill = time.Now()
 
@@ -334,6 +352,10 @@ func runCrashAudit(t *testing.T, p crashAuditParams) {
 	if p.Delayed > 0 {
 		a.judgeDelayed(want)
 	}
+	if p.Transform {
+		a.judgeTransform(want)
+	}
+	return a
 }
 
 // judgeDelayed checks that the workers, killed while they moved delayed
@@ -503,6 +525,7 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 	if a.p.Dedup {
 		args = append(args, "-dedup", "-running-ttl", crashDedupRunningTTL.String())
 	}
+	args = append(args, a.transformArgs()...)
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
@@ -609,6 +632,7 @@ func (a *crashAudit) readLedger(w *crashWorker) {
 	recs, err := w.ledger.Read()
 	require.NoError(a.t, err)
 	for _, r := range recs {
+		w.lastEntry = r.EntryID
 		switch r.Kind {
 		case audit.Began:
 			a.began++

@@ -16,6 +16,14 @@
 // With -stall the handler never finishes: the worker holds what it read until
 // it is killed, for tests of what a restart gets back.
 //
+// With -transform-to the worker is a transform stage (crash_transform_test.go):
+// a Watermill router handler that, after the same ledger lines and delays,
+// returns one output message per input, with the input's UUID in metadata
+// key "input", which the router publishes to the -transform-to topic through
+// a valkeystream Publisher on the worker's client, before the input's Ack.
+// With -exactly-once as well the handler is wrapped in ExactlyOnce's
+// middleware: the output and the input's XACK are written in one step.
+//
 // Exit statuses: 0 after a graceful stop, 1 when the ledger cannot be
 // written, 2 for bad arguments or a failed start, 3 when the subscription
 // ended by itself.
@@ -29,6 +37,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -66,10 +76,20 @@ func main() {
 		runningTTL    = flag.Duration("running-ttl", time.Second, "DedupConfig.RunningTTL (with -dedup)")
 		verbose       = flag.Bool("v", false, "log at debug level")
 		baseline      = flag.Bool("baseline-verbs", false, "SubscriberConfig.BaselineVerbs")
+		transformTo   = flag.String("transform-to", "", "run a router handler that returns one output per input (metadata \"input\": the input's UUID), published to this topic")
+		exactlyOnce   = flag.Bool("exactly-once", false, "with -transform-to: wrap the handler in ExactlyOnce.Middleware")
 	)
 	flag.Parse()
 	if *addr == "" || *topic == "" || *group == "" || *consumer == "" || *ledgerPath == "" {
 		fmt.Fprintln(os.Stderr, "crashworker: -addr, -topic, -group, -consumer and -ledger are required")
+		os.Exit(2)
+	}
+	if *transformTo == "" && *exactlyOnce {
+		fmt.Fprintln(os.Stderr, "crashworker: -exactly-once needs -transform-to")
+		os.Exit(2)
+	}
+	if *transformTo != "" && (*dedup || *stall) {
+		fmt.Fprintln(os.Stderr, "crashworker: -transform-to does not go with -dedup or -stall")
 		os.Exit(2)
 	}
 
@@ -115,6 +135,13 @@ func main() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		stop()
 	}()
+	if *transformTo != "" {
+		os.Exit(runTransform(ctx, transform{
+			client: client, sub: sub, logger: logger, ledger: ledger,
+			topic: *topic, to: *transformTo, consumer: *consumer, exactlyOnce: *exactlyOnce,
+			seed: *seed, delayProb: *delayProb, delayMax: *delayMax,
+		}))
+	}
 	// Subscribe talks to the server (the group door, the script check): on
 	// a loaded machine a call may time out, so retry for a while, as a
 	// service would.
@@ -200,4 +227,132 @@ func main() {
 		fmt.Fprintf(os.Stderr, "crashworker: %s deduplication stats %+v\n", *consumer, dedupe.Stats())
 	}
 	os.Exit(status)
+}
+
+// transform is what a transform stage (-transform-to) runs with.
+type transform struct {
+	client      *redis.Client
+	sub         *valkeystream.Subscriber
+	logger      watermill.LoggerAdapter
+	ledger      *audit.Writer
+	topic, to   string
+	consumer    string
+	exactlyOnce bool
+	seed        uint64
+	delayProb   float64
+	delayMax    time.Duration
+}
+
+// runTransform runs the transform stage until ctx ends (a graceful stop:
+// the router closes the subscription, which sends the Acks not sent yet) and
+// returns the exit status.
+func runTransform(ctx context.Context, tr transform) int {
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: tr.client}, tr.logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashworker:", err)
+		return 2
+	}
+	var x *valkeystream.ExactlyOnce
+	if tr.exactlyOnce {
+		x, err = valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, tr.logger)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker:", err)
+			return 2
+		}
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, tr.logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crashworker:", err)
+		return 2
+	}
+
+	// The router hands each message to the handler in a goroutine of its
+	// own; the subscription delivers the next one only after the Ack, but
+	// the lock makes the ledger's and the delays' single use explicit.
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(tr.seed, tr.seed^0x9e3779b97f4a7c15))
+	handled := 0
+	handler := router.AddHandler("transform", tr.topic, retryingSubscriber{Subscriber: tr.sub, stop: ctx}, tr.to, pub,
+		func(m *message.Message) ([]*message.Message, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			id := m.Metadata.Get(valkeystream.MetadataEntryID)
+			count := valkeystream.DeliveryCount(m)
+			if err := tr.ledger.Begin(m.UUID, id, count); err != nil {
+				fmt.Fprintln(os.Stderr, "crashworker:", err)
+				os.Exit(1)
+			}
+			if tr.delayMax > 0 && rng.Float64() < tr.delayProb {
+				time.Sleep(time.Duration(rng.Int64N(int64(tr.delayMax)) + 1))
+			}
+			out := message.NewMessage(watermill.NewUUID(), append([]byte("out:"), m.Payload...))
+			out.Metadata.Set("input", m.UUID)
+			// Written before the output and the Ack: a kill after it and
+			// before the commit (or the router's publish and Ack) is a
+			// handling whose message comes back.
+			if err := tr.ledger.Handled(m.UUID, id, count); err != nil {
+				fmt.Fprintln(os.Stderr, "crashworker:", err)
+				os.Exit(1)
+			}
+			handled++
+			// Sometimes sleep after the handling too, so that kills land
+			// between the handler's end and the output's write.
+			if tr.delayMax > 0 && rng.Float64() < tr.delayProb {
+				time.Sleep(time.Duration(rng.Int64N(int64(tr.delayMax)) + 1))
+			}
+			return []*message.Message{out}, nil
+		})
+	if x != nil {
+		handler.AddMiddleware(x.Middleware)
+	}
+
+	var stopping atomic.Bool
+	go func() {
+		<-ctx.Done()
+		stopping.Store(true)
+		if err := router.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "crashworker: closing the router:", err)
+		}
+	}()
+	runErr := router.Run(context.Background())
+	status := 0
+	switch {
+	case runErr != nil && stopping.Load():
+		// Asked to stop while still starting: a graceful stop.
+		fmt.Fprintf(os.Stderr, "crashworker: %s stopped before its router ran: %v\n", tr.consumer, runErr)
+	case runErr != nil:
+		fmt.Fprintln(os.Stderr, "crashworker: router:", runErr)
+		status = 2
+	case !stopping.Load():
+		fmt.Fprintln(os.Stderr, "crashworker: the router stopped by itself")
+		status = 3
+	}
+	// The router closed the subscriber and the publisher.
+	_ = tr.client.Close()
+	_ = tr.ledger.Close()
+	mu.Lock()
+	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages; stats %+v\n", tr.consumer, handled, tr.sub.Stats())
+	mu.Unlock()
+	if x != nil {
+		fmt.Fprintf(os.Stderr, "crashworker: %s exactly-once stats %+v\n", tr.consumer, x.Stats())
+	}
+	return status
+}
+
+// retryingSubscriber retries Subscribe for a while, as the plain worker
+// does: on a loaded machine a call may time out.
+type retryingSubscriber struct {
+	*valkeystream.Subscriber
+	stop context.Context // the worker is asked to stop: give up at once
+}
+
+func (s retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	for deadline := time.Now().Add(time.Minute); ; {
+		msgs, err := s.Subscriber.Subscribe(ctx, topic)
+		if err == nil || s.stop.Err() != nil || time.Now().After(deadline) {
+			return msgs, err
+		}
+		fmt.Fprintln(os.Stderr, "crashworker: subscribe failed, retrying:", err)
+		time.Sleep(200 * time.Millisecond)
+	}
 }

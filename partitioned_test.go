@@ -292,3 +292,26 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	waitUntil(t, "a found its ownership lost", func() bool { return a.PartitionStats().Fenced >= 1 || len(owned(a)) == 0 })
 	assert.Equal(t, []int{0}, owned(b))
 }
+
+// TestASubscriptionOwningMorePartitionsThanItsPoolDelivers owns 16
+// partitions through a client of 4 connections: its blocking waits must
+// leave connections to its reads, Acks and renewals.
+func TestASubscriptionOwningMorePartitionsThanItsPoolDelivers(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	small := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), PoolSize: 4})
+	t.Cleanup(func() { _ = small.Close() })
+	parts := map[string]int{e.topic: 16}
+	pub := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = parts })
+	sub := e.subscriber("g", "c", onClient(small), func(c *valkeystream.SubscriberConfig) {
+		c.Partitions = parts
+		c.PartitionOwnerTTL = time.Second
+	})
+	var h handled
+	e.runRouter(sub, func(msg *message.Message) error { h.add(msg); return nil })
+	waitUntil(t, "every partition owned", func() bool { return len(owned(sub)) == 16 })
+	publishKeyed(t, pub, e.topic, 40, 0, 5)
+	waitUntil(t, "every message handled", func() bool { return h.count() == 200 })
+	h.checkOrder(t, 5)
+	assert.Zero(t, sub.PartitionStats().Fenced, "an ownership lapsed for want of a connection")
+}

@@ -141,6 +141,7 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 			s.runPartition(ctx, topic, member, p, health, logger, out)
 		},
 		Hints:    &s.failover,
+		Waits:    make(chan struct{}, blockingWaits(s.config.Client)),
 		Counters: &s.stats.partitions,
 		Logger:   logger,
 	})
@@ -155,6 +156,27 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 		defer release()
 		_ = d.Run(ctx) // returns once every partition's loop has ended
 	}, nil
+}
+
+// blockingWaits is how many of a subscription's partitions may wait for new
+// entries at once, each holding a pooled connection of client in XREAD
+// BLOCK: half its pool, so that a subscription owning more partitions than
+// that leaves connections to its reads, Acks and renewals (the others poll
+// once per BlockTime meanwhile).
+func blockingWaits(client redis.UniversalClient) int {
+	size := 0
+	switch c := client.(type) {
+	case *redis.Client:
+		size = c.Options().PoolSize
+	case *redis.ClusterClient:
+		size = c.Options().PoolSize
+	case *redis.Ring:
+		size = c.Options().PoolSize
+	}
+	if size <= 0 {
+		size = 16
+	}
+	return max(1, size/2)
 }
 
 // runPartition runs the loop of partition p while the subscription owns

@@ -66,6 +66,9 @@ type DriverConfig struct {
 	// Hints are the client's failover hints for the partitions' Servers;
 	// nil: none.
 	Hints *failover.Hints
+	// Waits, unless nil, bounds the blocking waits of the partitions'
+	// loops in progress at once (see ServerOptions.Waits).
+	Waits chan struct{}
 	// Counters, unless nil, are counted into (shared with other drivers);
 	// nil: the driver's own.
 	Counters *DriverCounters
@@ -429,7 +432,7 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 	pctx, cancel := context.WithCancel(ctx)
 	t := &tenure{index: i, o: o, cancel: cancel}
 	d.tenures[i] = t
-	srv := NewServer(o, ServerOptions{Hints: d.cfg.Hints, Lost: func(err error) { d.lose(t, err) }})
+	srv := NewServer(o, ServerOptions{Hints: d.cfg.Hints, Lost: func(err error) { d.lose(t, err) }, Waits: d.cfg.Waits})
 	d.cfg.Logger.Debug("Acquired a partition", watermill.LogFields{"partition": i, "epoch": o.Token().Epoch})
 	go func() {
 		defer func() { d.finished <- t }() // buffered: one per partition

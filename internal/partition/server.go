@@ -70,6 +70,11 @@ type ServerOptions struct {
 	// ownership lost; nil: nobody is. It should end the partition's
 	// subscription: no call of it will succeed again.
 	Lost func(err error)
+	// Waits, unless nil, bounds how many blocking waits for new entries
+	// (XREAD BLOCK, one pooled connection each) the Servers sharing it
+	// have in progress at once: a wait that finds no room for the block
+	// time returns empty, and the loop reads again (fenced) after it.
+	Waits chan struct{}
 }
 
 // NewServer returns the Server of the partition o owns.
@@ -215,6 +220,19 @@ func (s *Server) block(ctx context.Context, count int64, block time.Duration) ([
 	if err != nil || len(es) > 0 || block <= 0 || top == "" {
 		return es, err
 	}
+	if s.opt.Waits != nil {
+		t := time.NewTimer(block)
+		select {
+		case s.opt.Waits <- struct{}{}:
+			t.Stop()
+			defer func() { <-s.opt.Waits }()
+		case <-t.C:
+			return s.readNewOnly(ctx, count)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
 	err = s.o.p.client.XRead(ctx, &redis.XReadArgs{Streams: []string{s.o.p.keys.Stream, top}, Count: 1, Block: block}).Err()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -223,6 +241,12 @@ func (s *Server) block(ctx context.Context, count int64, block time.Duration) ([
 		return nil, err
 	}
 	es, _, err = s.readNew(ctx, count)
+	return es, err
+}
+
+// readNewOnly runs the fenced read of new entries.
+func (s *Server) readNewOnly(ctx context.Context, count int64) ([]loop.Entry, error) {
+	es, _, err := s.readNew(ctx, count)
 	return es, err
 }
 

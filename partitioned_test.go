@@ -315,3 +315,102 @@ func TestASubscriptionOwningMorePartitionsThanItsPoolDelivers(t *testing.T) {
 	h.checkOrder(t, 5)
 	assert.Zero(t, sub.PartitionStats().Fenced, "an ownership lapsed for want of a connection")
 }
+
+// TestAClosedSubscriptionsPartitionsMoveAtOnce closes one of two
+// subscriptions while messages flow: its in-flight messages are settled
+// first, the other takes its partitions, and every key stays in order.
+func TestAClosedSubscriptionsPartitionsMoveAtOnce(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	pub, newSub := e.partitioned(8)
+	var h handled
+	handler := func(msg *message.Message) error {
+		time.Sleep(2 * time.Millisecond)
+		h.add(msg)
+		return nil
+	}
+	a, b := newSub("a"), newSub("b")
+	stopA := e.runRouter(a, handler)
+	e.runRouter(b, handler)
+	waitUntil(t, "the partitions split 4/4", func() bool { return len(owned(a)) == 4 && len(owned(b)) == 4 })
+	publishKeyed(t, pub, e.topic, 40, 0, 10)
+	waitUntil(t, "some handled", func() bool { return h.count() >= 100 })
+	released := a.PartitionStats().Released
+	stopA()
+	publishKeyed(t, pub, e.topic, 40, 10, 20)
+	waitUntil(t, "b owns every partition", func() bool { return len(owned(b)) == 8 })
+	waitUntil(t, "every message handled", func() bool { return h.count() == 800 })
+	h.checkOrder(t, 20)
+	assert.Equal(t, int64(4), a.PartitionStats().Released-released, "a released its 4 partitions on Close")
+	assert.Zero(t, a.PartitionStats().Owned, "a still counts partitions it owned")
+	assert.Zero(t, a.PartitionStats().Fenced+b.PartitionStats().Fenced)
+}
+
+// TestAPartitionedTopicOnAClusterThroughAFailover spreads 12 partitions over
+// the 3 masters of a cluster (4 each), and fails over the master of one of
+// them (CLUSTER FAILOVER) while messages flow: nothing is lost, and every
+// key's first deliveries stay in order.
+func TestAPartitionedTopicOnAClusterThroughAFailover(t *testing.T) {
+	testserver.Parallel(t)
+	c := testserver.StartCluster(t)
+	ctx := context.Background()
+	topic := "parts-" + watermill.NewShortUUID()
+	const n, keys, rounds = 12, 48, 30
+	streams := mustStreams(t, topic, n)
+	perMaster := map[string]int{}
+	for _, s := range streams {
+		master, _, err := c.SlotOwner(ctx, s)
+		require.NoError(t, err)
+		perMaster[master]++
+	}
+	require.Len(t, perMaster, 3, "masters of the partitions: %v", perMaster)
+	for m, k := range perMaster {
+		assert.Equal(t, 4, k, "partitions on master %s", m)
+	}
+
+	parts := map[string]int{topic: n}
+	pubClient, subClient := clusterClient(t, c), clusterClient(t, c)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: pubClient, Partitions: parts}, testLogger())
+	require.NoError(t, err)
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: subClient, ConsumerGroup: "g", Start: valkeystream.StartHead,
+		Partitions: parts, PartitionOwnerTTL: 2 * time.Second, NackResendDelay: 5 * time.Millisecond,
+	}, testLogger())
+	require.NoError(t, err)
+	e := &env{t: t, topic: topic}
+	var h handled
+	e.runRouter(sub, func(msg *message.Message) error { h.add(msg); return nil })
+	waitUntil(t, "every partition owned", func() bool { return len(owned(sub)) == n })
+
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for seq := range rounds {
+			batch := make([]*message.Message, 0, keys)
+			for k := range keys {
+				batch = append(batch, keyed(fmt.Sprint("key-", k), seq))
+			}
+			for pub.Publish(topic, batch...) != nil { // during the failover: the same batch again
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	waitUntil(t, "a third handled", func() bool { return h.count() >= keys*rounds/3 })
+	_, replicas, err := c.SlotOwner(ctx, streams[0])
+	require.NoError(t, err)
+	require.NoError(t, c.Failover(ctx, replicas[0]), "planned failover to %s", replicas[0])
+	<-published
+	deadline := time.Now().Add(60 * time.Second)
+	for h.count() < keys*rounds && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, keys*rounds, h.count(), "messages handled")
+	h.checkOrder(t, rounds)
+	for _, s := range streams {
+		waitUntil(t, "nothing pending in "+s, func() bool {
+			p, err := subClient.XPending(ctx, s, "g").Result()
+			return err == nil && p.Count == 0
+		})
+	}
+}

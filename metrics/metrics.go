@@ -275,6 +275,21 @@ var (
 	descDeadFailuresBySource = desc("middleware_dead_letter_failures_by_source_total", "Dead letters the DeadLetter middleware could not publish in this process, by the stream and consumer group the messages were delivered from.", []string{"stream", "group"})
 )
 
+// partitionCounters are the counters of valkeystream.PartitionStats, in
+// order, and partitionsOwned its gauge.
+var partitionCounters = []struct {
+	desc *prometheus.Desc
+	get  func(valkeystream.PartitionStats) int64
+}{
+	{desc("partition_rebalances_total", "Beats whose even split gave one of the Subscriber's subscriptions other partitions than before.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Rebalances }},
+	{desc("partition_acquired_total", "Partitions the Subscriber's subscriptions took over.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Acquired }},
+	{desc("partition_released_total", "Partitions the Subscriber's subscriptions gave back, their in-flight messages settled first.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Released }},
+	{desc("partition_handed_over_total", "Pending entries taken over from a partition's previous owner.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.HandedOver }},
+	{desc("partition_fenced_total", "Ownerships found lost (the subscription was cut off or frozen past PartitionOwnerTTL while another took the partition over).", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Fenced }},
+}
+
+var descPartitionsOwned = desc("partitions_owned", "Partitions the Subscriber's subscriptions own now.", labelSubscriber)
+
 // onceCounters are the counters of valkeystream.ExactlyOnceStats, in order.
 var onceCounters = []struct {
 	desc *prometheus.Desc
@@ -319,9 +334,10 @@ var publisherCounters = []struct {
 }
 
 var (
-	descRunning = desc("subscription_running", "1 while the subscription's loop runs, 0 once it has ended.", labelSubscription)
-	descReady   = desc("subscription_ready", "1 once the subscription has started reading (its group door has passed).", labelSubscription)
-	descFailing = desc("subscription_failing_seconds", "How long the subscription's calls to the server have been failing; 0 when the last one succeeded.", labelSubscription)
+	descPartitionOwned = desc("partition_owned", "1 for each partition of a partitioned topic the subscription owns (stream: the partition's stream key).", labelSubscription)
+	descRunning        = desc("subscription_running", "1 while the subscription's loop runs, 0 once it has ended.", labelSubscription)
+	descReady          = desc("subscription_ready", "1 once the subscription has started reading (its group door has passed).", labelSubscription)
+	descFailing        = desc("subscription_failing_seconds", "How long the subscription's calls to the server have been failing; 0 when the last one succeeded.", labelSubscription)
 
 	descLength         = desc("stream_length", "Entries in the stream (XLEN).", labelStream)
 	descDeadLetters    = desc("dead_letters", "Entries in the stream's dead-letter stream.", labelStream)
@@ -363,6 +379,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, o := range onceCounters {
 		ch <- o.desc
 	}
+	for _, pc := range partitionCounters {
+		ch <- pc.desc
+	}
+	ch <- descPartitionsOwned
+	ch <- descPartitionOwned
 	for _, d := range []*prometheus.Desc{descRunning, descReady, descFailing, descLength, descDeadLetters, descLag,
 		descPending, descOldest, descMaxCount, descConsumers, descCPending, descCIdle, descSamples, descSampleErrors,
 		descMiddlewareDeadLettered, descMiddlewareDeadFailures, descDeadLetteredBySource, descDeadFailuresBySource,
@@ -410,8 +431,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if stats.Verbs != "" {
 			ch <- prometheus.MustNewConstMetric(descSubscriberVerbs, prometheus.GaugeValue, 1, name, stats.Verbs)
 		}
+		ps := s.PartitionStats()
+		for _, pc := range partitionCounters {
+			ch <- prometheus.MustNewConstMetric(pc.desc, prometheus.CounterValue, float64(pc.get(ps)), name)
+		}
+		ch <- prometheus.MustNewConstMetric(descPartitionsOwned, prometheus.GaugeValue, float64(ps.Owned), name)
 		for _, st := range s.Subscriptions() {
 			labels := []string{name, st.Stream, st.Group, st.Consumer}
+			if st.Partitions != nil && !st.Ended {
+				// The partitions' streams are sampled, not the topic's
+				// key, which holds no stream.
+				for _, i := range st.Owned {
+					ch <- prometheus.MustNewConstMetric(descPartitionOwned, prometheus.GaugeValue, 1, name, st.Partitions[i], st.Group, st.Consumer)
+				}
+				for _, p := range st.Partitions {
+					targets[target{p, st.Group}] = true
+				}
+			}
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, boolValue(!st.Ended), labels...)
 			ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, boolValue(st.Ready && !st.Ended), labels...)
 			failing := 0.0
@@ -419,7 +455,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				failing = now.Sub(st.FailingSince).Seconds()
 			}
 			ch <- prometheus.MustNewConstMetric(descFailing, prometheus.GaugeValue, failing, labels...)
-			if !st.Ended {
+			if !st.Ended && st.Partitions == nil {
 				targets[target{st.Stream, st.Group}] = true
 			}
 		}

@@ -59,6 +59,7 @@ var commands = []*command{
 	delayedCancelCommand,
 	dedupShowCommand,
 	dedupClearCommand,
+	partitionsCommand,
 }
 
 func main() {

@@ -92,7 +92,7 @@ var crashPartitionedCI = crashPartitionedParams{
 	PerKey:     40,
 	Kills:      5,
 	KillEvery:  [2]time.Duration{700 * time.Millisecond, 1500 * time.Millisecond},
-	PublishFor: 6 * time.Second,
+	PublishFor: 7 * time.Second,
 	HandleTime: time.Millisecond,
 	OwnerTTL:   time.Second,
 	RetryProb:  0.02,
@@ -130,6 +130,12 @@ type crashPartitionedResult struct {
 	serverPending int64
 }
 
+// seenRecord is an owner record of a partition.
+type seenRecord struct {
+	partition int
+	record    string
+}
+
 // crashKeyed is a published message of the partitioned audit.
 type crashKeyed struct {
 	key string
@@ -162,8 +168,10 @@ type crashPartitioned struct {
 	all   []*crashWorker
 	recs  map[*crashWorker][]audit.Record
 	kills []crashPartitionedKill
-	// seenRecords are the owner records read at the kills.
-	seenRecords map[string]bool
+	// seenRecords are the owner records read at the kills (an epoch
+	// counts the acquisitions of one partition: the same record may name
+	// two partitions).
+	seenRecords map[seenRecord]bool
 	start       time.Time // when the first worker started
 }
 
@@ -194,7 +202,7 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 		rng:    rand.New(rand.NewPCG(seed, 0x9a27)),
 		recs:   map[*crashWorker][]audit.Record{},
 
-		seenRecords: map[string]bool{},
+		seenRecords: map[seenRecord]bool{},
 	}
 	t.Cleanup(a.killAll)
 
@@ -226,8 +234,8 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 			var owning []int
 			records := a.ownerRecords()
 			for i, w := range slots {
-				for _, record := range records {
-					if a.owns(w, record) {
+				for p, record := range records {
+					if a.owns(w, p, record) {
 						owning = append(owning, i)
 						break
 					}
@@ -453,9 +461,9 @@ func (a *crashPartitioned) kill(w *crashWorker) {
 	_ = w.stdin.Close()
 	k := crashPartitionedKill{w: w, at: at}
 	for i, record := range a.ownerRecords() {
-		if a.owns(w, record) {
+		if a.owns(w, i, record) {
 			k.owned = append(k.owned, i)
-			a.seenRecords[record] = true
+			a.seenRecords[seenRecord{i, record}] = true
 		}
 	}
 	consumer := a.member(w)
@@ -488,14 +496,14 @@ func (a *crashPartitioned) member(w *crashWorker) string {
 	return w.member
 }
 
-// owns reports whether the owner record ("<member>:<epoch>") is of the
-// worker's subscription. A worker that has not logged its member id yet
+// owns reports whether the owner record ("<member>:<epoch>") of partition
+// p is of the worker's subscription. A worker that has not logged its member id yet
 // may hold its consumer name or one the lease derived from it (name-2,
 // name-3, ...). A record an earlier kill already saw is of an earlier run
 // under the same name whose record has not lapsed yet: it is not this
 // run's, and its takeover counts from that kill.
-func (a *crashPartitioned) owns(w *crashWorker, record string) bool {
-	if record == "" || a.seenRecords[record] {
+func (a *crashPartitioned) owns(w *crashWorker, p int, record string) bool {
+	if record == "" || a.seenRecords[seenRecord{p, record}] {
 		return false
 	}
 	member, _, _ := strings.Cut(record, ":")

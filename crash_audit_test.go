@@ -131,6 +131,10 @@ type crashWorker struct {
 	// whether it was marked done afterwards.
 	lastHandled       string
 	lastHandledMarked bool
+
+	// member is the consumer name the subscription took, as the worker
+	// logged it (crash_partitioned_test.go); "" until read.
+	member string
 }
 
 func (w *crashWorker) exited() bool {

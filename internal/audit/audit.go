@@ -15,6 +15,14 @@
 //	B <uuid> <entry id> <delivery count>   the handler began with the message
 //	H <uuid> <entry id> <delivery count>   the handler finished; the Ack follows
 //	M <uuid> <entry id> <delivery count>   marked done (deduplicating workers)
+//	R <uuid> <entry id> <delivery count>   the handler asked for a retry (Nack); no H follows
+//
+// A keyed line (written by [Writer.Keyed], by the workers of the partitioned
+// crash audit) carries three more fields: the wall clock of the write in
+// Unix nanoseconds, the message's partition key and its sequence number
+// within the key:
+//
+//	B <uuid> <entry id> <delivery count> <unix ns> <key> <seq>
 package audit
 
 import (
@@ -24,6 +32,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Kinds of ledger lines.
@@ -36,6 +45,9 @@ const (
 	// server after it was handled (written only by workers that
 	// deduplicate).
 	Marked = 'M'
+	// Retried: the handler asked for the message to come back (a Nack
+	// with a retry-after); no Handled line follows for this delivery.
+	Retried = 'R'
 )
 
 // Writer appends lines to one ledger file. It is not safe for concurrent use.
@@ -65,6 +77,30 @@ func (w *Writer) Handled(uuid, entryID string, count int) error {
 }
 
 func (w *Writer) line(kind byte, uuid, entryID string, count int) error {
+	return w.write(kind, uuid, entryID, count, nil)
+}
+
+// keyed is what a keyed line adds.
+type keyed struct {
+	key string
+	seq int
+}
+
+// Keyed writes a line of kind (Began, Handled, Marked or Retried) for a
+// message with a partition key and a sequence number within the key,
+// stamped with the wall clock (time.Now, in Unix nanoseconds) just before
+// the write.
+func (w *Writer) Keyed(kind byte, uuid, entryID string, count int, key string, seq int) error {
+	if !strings.ContainsRune(kinds, rune(kind)) {
+		return fmt.Errorf("audit: unknown line kind %q", kind)
+	}
+	if key == "" || strings.ContainsAny(key, " \n") {
+		return fmt.Errorf("audit: key %q is empty or contains a space or a newline", key)
+	}
+	return w.write(kind, uuid, entryID, count, &keyed{key: key, seq: seq})
+}
+
+func (w *Writer) write(kind byte, uuid, entryID string, count int, k *keyed) error {
 	if strings.ContainsAny(uuid, " \n") || strings.ContainsAny(entryID, " \n") {
 		return fmt.Errorf("audit: uuid %q or entry id %q contains a space or a newline", uuid, entryID)
 	}
@@ -75,6 +111,14 @@ func (w *Writer) line(kind byte, uuid, entryID string, count int) error {
 	b = append(b, entryID...)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(count), 10)
+	if k != nil {
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
+		b = append(b, ' ')
+		b = append(b, k.key...)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(k.seq), 10)
+	}
 	b = append(b, '\n')
 	w.buf = b
 	// One write call: the line is either wholly in the file or (if the
@@ -95,15 +139,27 @@ func (w *Writer) Marked(uuid, entryID string, count int) error {
 	return w.line(Marked, uuid, entryID, count)
 }
 
+// Retried records that the handler asked for the message to come back.
+func (w *Writer) Retried(uuid, entryID string, count int) error {
+	return w.line(Retried, uuid, entryID, count)
+}
+
 // Close closes the file.
 func (w *Writer) Close() error { return w.f.Close() }
 
 // Record is one complete ledger line.
 type Record struct {
-	Kind    byte // Began, Handled or Marked
+	Kind    byte // Began, Handled, Marked or Retried
 	UUID    string
 	EntryID string
 	Count   int // the delivery count the message carried
+
+	// Of a keyed line only (Keyed is true): the wall clock of the write in
+	// Unix nanoseconds, the message's key and its sequence number.
+	Keyed bool
+	At    int64
+	Key   string
+	Seq   int
 }
 
 // Reader reads a ledger file incrementally, while its writer may still be
@@ -168,14 +224,27 @@ func (r *Reader) Read() ([]Record, error) {
 // whose writer died during the write (or is writing it now). It never counts.
 func (r *Reader) Torn() []byte { return r.partial }
 
+// kinds are the kinds of lines.
+const kinds = "BHMR"
+
 func parse(line []byte) (Record, error) {
 	f := strings.Fields(string(line))
-	if len(f) != 4 || len(f[0]) != 1 || !strings.ContainsRune("BHM", rune(f[0][0])) {
+	if (len(f) != 4 && len(f) != 7) || len(f[0]) != 1 || !strings.ContainsRune(kinds, rune(f[0][0])) {
 		return Record{}, fmt.Errorf("malformed line %q", line)
 	}
 	n, err := strconv.Atoi(f[3])
 	if err != nil || n < 0 {
 		return Record{}, fmt.Errorf("malformed delivery count in line %q", line)
 	}
-	return Record{Kind: f[0][0], UUID: f[1], EntryID: f[2], Count: n}, nil
+	r := Record{Kind: f[0][0], UUID: f[1], EntryID: f[2], Count: n}
+	if len(f) == 7 {
+		r.Keyed, r.Key = true, f[5]
+		if r.At, err = strconv.ParseInt(f[4], 10, 64); err != nil {
+			return Record{}, fmt.Errorf("malformed time in line %q", line)
+		}
+		if r.Seq, err = strconv.Atoi(f[6]); err != nil {
+			return Record{}, fmt.Errorf("malformed sequence number in line %q", line)
+		}
+	}
+	return r, nil
 }

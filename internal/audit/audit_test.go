@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestLedgerRoundTripIgnoresATornLastLine(t *testing.T) {
@@ -27,7 +28,7 @@ func TestLedgerRoundTripIgnoresATornLastLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Record{{Began, "u1", "1-0", 1}, {Handled, "u1", "1-0", 1}}
+	want := []Record{{Kind: Began, UUID: "u1", EntryID: "1-0", Count: 1}, {Kind: Handled, UUID: "u1", EntryID: "1-0", Count: 1}}
 	if len(recs) != 2 || recs[0] != want[0] || recs[1] != want[1] {
 		t.Fatalf("got %+v, want %+v", recs, want)
 	}
@@ -51,7 +52,7 @@ func TestLedgerRoundTripIgnoresATornLastLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0] != (Record{Handled, "u2", "2-0", 3}) {
+	if len(recs) != 1 || recs[0] != (Record{Kind: Handled, UUID: "u2", EntryID: "2-0", Count: 3}) {
 		t.Fatalf("got %+v, want only u2", recs)
 	}
 	if string(r.Torn()) != "H u3 3-" {
@@ -93,7 +94,49 @@ func TestMarkedLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Record{Marked, "u1", "1-0", 2}); len(recs) != 1 || recs[0] != want {
+	if want := (Record{Kind: Marked, UUID: "u1", EntryID: "1-0", Count: 2}); len(recs) != 1 || recs[0] != want {
 		t.Fatalf("got %+v, want [%+v]", recs, want)
+	}
+}
+
+func TestKeyedAndRetriedLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger")
+	w, err := Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixNano()
+	if err := w.Keyed(Began, "u1", "1-0", 1, "key-7", 42); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Retried("u1", "1-0", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Keyed(Handled, "u1", "1-0", 2, "key-7", 42); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().UnixNano()
+	if err := w.Keyed(Handled, "u1", "1-0", 2, "a key", 1); err == nil {
+		t.Fatal("want an error for a key with a space")
+	}
+	if err := w.Keyed('X', "u1", "1-0", 2, "k", 1); err == nil {
+		t.Fatal("want an error for an unknown kind")
+	}
+	_ = w.Close()
+	recs, err := NewReader(path).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 3 {
+		t.Fatalf("got %+v, want 3 lines", recs)
+	}
+	if r := recs[0]; !r.Keyed || r.Kind != Began || r.Key != "key-7" || r.Seq != 42 || r.At < before || r.At > after {
+		t.Fatalf("keyed line %+v (written between %d and %d)", r, before, after)
+	}
+	if want := (Record{Kind: Retried, UUID: "u1", EntryID: "1-0", Count: 1}); recs[1] != want {
+		t.Fatalf("got %+v, want %+v", recs[1], want)
+	}
+	if r := recs[2]; r.Kind != Handled || r.Count != 2 || r.At < recs[0].At {
+		t.Fatalf("second keyed line %+v", r)
 	}
 }

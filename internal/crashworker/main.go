@@ -24,9 +24,25 @@
 // With -exactly-once as well the handler is wrapped in ExactlyOnce's
 // middleware: the output and the input's XACK are written in one step.
 //
+// With -partitions N the topic is a partitioned one of N partitions
+// (SubscriberConfig.Partitions, with -partition-ttl as PartitionOwnerTTL),
+// for the partitioned crash audit (crash_partitioned_test.go): every message
+// carries its partition key (valkeystream.MetadataPartitionKey) and its
+// sequence number within the key (metadata "seq"), and the ledger lines are
+// keyed ones (audit.Writer.Keyed), stamped with the wall clock. A message
+// delivered with a MetadataPartition other than its key's partition ends
+// the worker with status 4.
+//
+// -handle-time makes every handling take that long (a sleep between the
+// ledger's B and H lines), on top of the random delays. With -retry-prob the
+// handler, with that probability, asks for the message to come back in
+// -retry-after instead of finishing it (valkeystream.NackAfter; an R line
+// instead of the H): on a partitioned topic the retry must not let the
+// key's next message overtake it.
+//
 // Exit statuses: 0 after a graceful stop, 1 when the ledger cannot be
 // written, 2 for bad arguments or a failed start, 3 when the subscription
-// ended by itself.
+// ended by itself, 4 for a message of the wrong partition.
 package main
 
 import (
@@ -37,6 +53,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +69,10 @@ import (
 // errStalled is what a stalled handler (-stall) returns once the process is
 // told to stop: its message is left unsettled.
 var errStalled = errors.New("stalled")
+
+// errRetry is what the handler returns when it asks for a retry
+// (-retry-prob).
+var errRetry = errors.New("retry asked for")
 
 func main() {
 	var (
@@ -78,6 +99,11 @@ func main() {
 		baseline      = flag.Bool("baseline-verbs", false, "SubscriberConfig.BaselineVerbs")
 		transformTo   = flag.String("transform-to", "", "run a router handler that returns one output per input (metadata \"input\": the input's UUID), published to this topic")
 		exactlyOnce   = flag.Bool("exactly-once", false, "with -transform-to: wrap the handler in ExactlyOnce.Middleware")
+		partitions    = flag.Int("partitions", 0, "the topic's partition count (SubscriberConfig.Partitions; 0: not partitioned); keyed ledger lines")
+		partitionTTL  = flag.Duration("partition-ttl", 0, "SubscriberConfig.PartitionOwnerTTL (0: default)")
+		handleTime    = flag.Duration("handle-time", 0, "every handling sleeps this long")
+		retryProb     = flag.Float64("retry-prob", 0, "probability that the handler asks for a retry (NackAfter) instead of finishing")
+		retryAfter    = flag.Duration("retry-after", 100*time.Millisecond, "the retry-after of -retry-prob")
 	)
 	flag.Parse()
 	if *addr == "" || *topic == "" || *group == "" || *consumer == "" || *ledgerPath == "" {
@@ -92,6 +118,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "crashworker: -transform-to does not go with -dedup or -stall")
 		os.Exit(2)
 	}
+	if *retryProb > 0 && (*transformTo != "" || *dedup || *stall) {
+		fmt.Fprintln(os.Stderr, "crashworker: -retry-prob does not go with -transform-to, -dedup or -stall")
+		os.Exit(2)
+	}
+	if *partitions < 0 || (*partitions > 0 && *transformTo != "") {
+		fmt.Fprintln(os.Stderr, "crashworker: -partitions must be positive and does not go with -transform-to")
+		os.Exit(2)
+	}
+	var partitioned map[string]int
+	if *partitions > 0 {
+		partitioned = map[string]int{*topic: *partitions}
+	}
 
 	ledger, err := audit.Create(*ledgerPath)
 	if err != nil {
@@ -101,19 +139,21 @@ func main() {
 	client := redis.NewClient(&redis.Options{Addr: *addr})
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, *verbose, false)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client:           client,
-		ConsumerGroup:    *group,
-		Consumer:         *consumer,
-		Start:            valkeystream.StartHead,
-		BatchSize:        *batch,
-		BlockTime:        *block,
-		ClaimInterval:    *claimInterval,
-		ClaimMinIdle:     *claimMinIdle,
-		AckFlushInterval: *ackFlush,
-		ConsumerLeaseTTL: *leaseTTL,
-		PrefetchWindow:   *prefetch,
-		ReadAheadBytes:   *readAhead,
-		BaselineVerbs:    *baseline,
+		Client:            client,
+		ConsumerGroup:     *group,
+		Consumer:          *consumer,
+		Start:             valkeystream.StartHead,
+		BatchSize:         *batch,
+		BlockTime:         *block,
+		ClaimInterval:     *claimInterval,
+		ClaimMinIdle:      *claimMinIdle,
+		AckFlushInterval:  *ackFlush,
+		ConsumerLeaseTTL:  *leaseTTL,
+		PrefetchWindow:    *prefetch,
+		ReadAheadBytes:    *readAhead,
+		BaselineVerbs:     *baseline,
+		Partitions:        partitioned,
+		PartitionOwnerTTL: *partitionTTL,
 	}, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashworker:", err)
@@ -164,27 +204,58 @@ func main() {
 		fmt.Fprintln(os.Stderr, "crashworker: subscribe failed, retrying:", err)
 		time.Sleep(200 * time.Millisecond)
 	}
+	for _, st := range sub.Subscriptions() {
+		if !st.Ended {
+			// The name the lease gave (-consumer, or -consumer-2, ... while
+			// a killed run's lease has not lapsed): the member id on a
+			// partitioned topic.
+			fmt.Fprintf(os.Stderr, "crashworker: subscribed as consumer %s\n", st.Consumer)
+		}
+	}
 
 	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
-	handled := 0
-	handle := func(m *message.Message) ([]*message.Message, error) {
+	// write writes the ledger line of kind for m: a keyed one on a
+	// partitioned topic.
+	write := func(kind byte, m *message.Message) {
 		id := m.Metadata.Get(valkeystream.MetadataEntryID)
 		count := valkeystream.DeliveryCount(m)
-		if err := ledger.Begin(m.UUID, id, count); err != nil {
+		var err error
+		if *partitions > 0 {
+			err = writeKeyed(ledger, kind, m, id, count, *partitions)
+		} else {
+			switch kind {
+			case audit.Began:
+				err = ledger.Begin(m.UUID, id, count)
+			case audit.Handled:
+				err = ledger.Handled(m.UUID, id, count)
+			case audit.Retried:
+				err = ledger.Retried(m.UUID, id, count)
+			}
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "crashworker:", err)
 			os.Exit(1)
 		}
+	}
+	handled, retried := 0, 0
+	handle := func(m *message.Message) ([]*message.Message, error) {
+		write(audit.Began, m)
 		if *stall {
 			<-ctx.Done()
 			return nil, errStalled
 		}
+		if *handleTime > 0 {
+			time.Sleep(*handleTime)
+		}
 		if *delayMax > 0 && rng.Float64() < *delayProb {
 			time.Sleep(time.Duration(rng.Int64N(int64(*delayMax)) + 1))
 		}
-		if err := ledger.Handled(m.UUID, id, count); err != nil {
-			fmt.Fprintln(os.Stderr, "crashworker:", err)
-			os.Exit(1)
+		if *retryProb > 0 && rng.Float64() < *retryProb {
+			write(audit.Retried, m)
+			retried++
+			return nil, errRetry
 		}
+		write(audit.Handled, m)
 		handled++
 		return nil, nil
 	}
@@ -197,7 +268,10 @@ func main() {
 			marked = dedupe.Stats().Marked
 		}
 		if _, err := handle(m); err != nil {
-			if !errors.Is(err, errStalled) { // a stalled message is never settled
+			switch {
+			case errors.Is(err, errRetry):
+				valkeystream.NackAfter(m, *retryAfter)
+			case !errors.Is(err, errStalled): // a stalled message is never settled
 				m.Nack()
 			}
 			continue
@@ -222,11 +296,30 @@ func main() {
 	}
 	_ = client.Close()
 	_ = ledger.Close()
-	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages; stats %+v\n", *consumer, handled, sub.Stats())
+	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages (%d retries asked for); stats %+v\n", *consumer, handled, retried, sub.Stats())
+	if *partitions > 0 {
+		fmt.Fprintf(os.Stderr, "crashworker: %s partition stats %+v\n", *consumer, sub.PartitionStats())
+	}
 	if dedupe != nil {
 		fmt.Fprintf(os.Stderr, "crashworker: %s deduplication stats %+v\n", *consumer, dedupe.Stats())
 	}
 	os.Exit(status)
+}
+
+// writeKeyed writes the keyed ledger line of kind for m, a message of a
+// topic of n partitions, after checking that it came from its key's
+// partition (exit status 4 if not).
+func writeKeyed(ledger *audit.Writer, kind byte, m *message.Message, id string, count, n int) error {
+	key := m.Metadata.Get(valkeystream.MetadataPartitionKey)
+	seq, err := strconv.Atoi(m.Metadata.Get("seq"))
+	if err != nil {
+		return fmt.Errorf("message %s (entry %s) has no sequence number: %w", m.UUID, id, err)
+	}
+	if got, want := m.Metadata.Get(valkeystream.MetadataPartition), strconv.Itoa(valkeystream.PartitionOf(key, n)); got != want {
+		fmt.Fprintf(os.Stderr, "crashworker: message %s (entry %s, key %q) delivered from partition %q, its key's is %s\n", m.UUID, id, key, got, want)
+		os.Exit(4)
+	}
+	return ledger.Keyed(kind, m.UUID, id, count, key, seq)
 }
 
 // transform is what a transform stage (-transform-to) runs with.

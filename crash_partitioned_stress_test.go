@@ -1,0 +1,23 @@
+//go:build stress
+
+package valkeystream_test
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCrashAuditPartitionedStress is the full-size partitioned crash audit:
+// 8 partitions, 3 worker processes, 500 keys of 30 numbered messages
+// (15 000) published over 30 s, a handling of 1 ms, 20 kills about one a
+// second while the rounds go out (go test -tags stress -run
+// TestCrashAuditPartitionedStress -timeout 30m .).
+func TestCrashAuditPartitionedStress(t *testing.T) {
+	p := crashPartitionedCI
+	p.Keys = 500
+	p.PerKey = 30
+	p.Kills = 20
+	p.KillEvery = [2]time.Duration{800 * time.Millisecond, 1400 * time.Millisecond}
+	p.PublishFor = 30 * time.Second
+	runCrashPartitioned(t, p)
+}

@@ -1,0 +1,807 @@
+package valkeystream_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/audit"
+	"github.com/echomq/valkeystream/internal/partition"
+	"github.com/echomq/valkeystream/internal/testserver"
+)
+
+// The partitioned crash audit: the per-key order of a partitioned topic
+// under kill -9. Keyed messages, numbered 0, 1, 2, ... within each key and
+// published in rounds across the keys (round n publishes every key's
+// message n), go to a topic of Partitions partitions while worker
+// processes (internal/crashworker -partitions) consume them through one
+// consumer group, each handling taking HandleTime, and are killed with
+// SIGKILL at random moments and restarted, under their name or a new one.
+// A few handlings ask for a retry (valkeystream.NackAfter) instead of
+// finishing: on a partitioned topic that must be a plain Nack whose message
+// comes back before the key's next one.
+//
+// Every ledger line of the workers is keyed (audit.Writer.Keyed): key,
+// sequence number and the wall clock of the write. At the end the audit
+// asks the server (every partition stream's group: nothing pending, every
+// entry delivered, lag 0) and the ledgers:
+//   - lost: a published message with no H line in any ledger;
+//   - out of order: per key, the messages ordered by their first handling
+//     (the earliest B line of the message in any ledger; the same for the
+//     earliest H line) must come in sequence order; a message whose first
+//     handling came after that of a later message of its key counts once;
+//   - handled again: messages with more than one H line, the price of
+//     at-least-once after a kill between a handling and its Ack;
+//   - overlaps: two handlings of one partition in different processes
+//     whose intervals (B to H, R or the process's death) intersect: one
+//     in flight per partition within the group.
+//
+// Ordering across processes by wall clock is sound here: within a process
+// the lines are in write order, which time.Now (CLOCK_REALTIME, one clock
+// for every process of the machine) follows unless the clock is stepped
+// during the run (the audit counts steps backwards in each ledger and logs
+// them). Between processes, a partition, and so every message of a key, is
+// handled by one process at a time, and a new owner acquires it only once
+// the old owner's record has lapsed on the server (PartitionOwnerTTL after
+// its last renewal) or was released: the old owner was dead by then (here
+// every hand-over after a kill follows a SIGKILL the test waited out), or,
+// were it alive and cut off, fenced from reading another entry of the
+// partition. So the first handlings of one key in two processes are
+// separated by the takeover gap, hundreds of milliseconds, against a
+// clock read that takes nanoseconds.
+//
+// The takeover gaps: for every kill, the partitions the victim owned (its
+// owner records, read after its death) and, for each, the time from the
+// kill to the next B line of that partition in any ledger.
+
+// crashPartitionedParams sizes one partitioned crash audit.
+type crashPartitionedParams struct {
+	Partitions int
+	Workers    int              // worker processes alive at once
+	Keys       int              // partition keys
+	PerKey     int              // messages per key, numbered 0..PerKey-1
+	Kills      int              // SIGKILLs, then the run drains
+	KillEvery  [2]time.Duration // pause before each kill, uniform in [0]..[1]
+	PublishFor time.Duration    // the rounds are spread over about this long
+	HandleTime time.Duration    // every handling takes this long
+	OwnerTTL   time.Duration    // PartitionOwnerTTL of the workers
+	RetryProb  float64          // probability that a handling asks for a retry
+}
+
+// crashPartitionedCI is the size of the audit in the normal test run.
+var crashPartitionedCI = crashPartitionedParams{
+	Partitions: 8,
+	Workers:    3,
+	Keys:       100,
+	PerKey:     40,
+	Kills:      5,
+	KillEvery:  [2]time.Duration{700 * time.Millisecond, 1500 * time.Millisecond},
+	PublishFor: 7 * time.Second,
+	HandleTime: time.Millisecond,
+	OwnerTTL:   time.Second,
+	RetryProb:  0.02,
+}
+
+// TestCrashAuditPartitioned kills the consumers of a partitioned topic
+// (8 partitions, 3 worker processes, 100 keys of 40 numbered messages, a
+// handling of 1 ms, 5 kills): no message lost, no key's message handled
+// for the first time before an earlier one of its key, no two handlings of
+// one partition at once. The full size is TestCrashAuditPartitionedStress
+// (go test -tags stress).
+func TestCrashAuditPartitioned(t *testing.T) {
+	runCrashPartitioned(t, crashPartitionedCI)
+}
+
+// crashPartitionedResult is what a partitioned audit found.
+type crashPartitionedResult struct {
+	messages      int
+	kills         int
+	lost          int // published, never handled (no H line)
+	outOfOrderB   int // messages whose first B line came after one of a later message of their key
+	outOfOrderH   int // the same by first H lines
+	handledAgain  int // messages with more than one H line
+	extraHandled  int // H lines beyond the first of a message
+	begunAgain    int // messages with more than one B line (retries included)
+	retried       int // R lines
+	overlaps      int // pairs of intersecting handlings of one partition in two processes
+	clockSteps    int // ledger lines stamped earlier than the line before in their ledger
+	maxDC         int
+	gaps          []time.Duration // kill to the next handling of each partition the victim owned
+	killsOwning   int             // kills whose victim owned partitions
+	killsPending  int             // kills whose victim had entries pending (read, or handled and not yet acknowledged)
+	pendingAtKill int             // those entries
+	mismatches    int             // ledger lines whose key or seq is not the published one of their UUID
+	serverPending int64
+}
+
+// seenRecord is an owner record of a partition.
+type seenRecord struct {
+	partition int
+	record    string
+}
+
+// crashKeyed is a published message of the partitioned audit.
+type crashKeyed struct {
+	key string
+	seq int
+}
+
+// crashPartitionedKill is one kill: when the victim was gone, and which
+// partitions it owned then (by owner records naming it and not seen at an
+// earlier kill).
+type crashPartitionedKill struct {
+	w       *crashWorker
+	at      time.Time
+	owned   []int
+	pending int // entries pending to the victim in the partitions' groups
+}
+
+type crashPartitioned struct {
+	t      *testing.T
+	p      crashPartitionedParams
+	srv    *testserver.Server
+	admin  *redis.Client
+	bin    string
+	dir    string
+	topic  string
+	group  string
+	layout *partition.Layout
+	rng    *rand.Rand
+	spawns int
+
+	all   []*crashWorker
+	recs  map[*crashWorker][]audit.Record
+	kills []crashPartitionedKill
+	// seenRecords are the owner records read at the kills (an epoch
+	// counts the acquisitions of one partition: the same record may name
+	// two partitions).
+	seenRecords map[seenRecord]bool
+	start       time.Time // when the first worker started
+}
+
+func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitionedResult {
+	start := time.Now()
+	srv := testserver.Start(t)
+	bin := buildCrashWorker(t)
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("VALKEYSTREAM_CRASH_SEED"); s != "" {
+		var err error
+		seed, err = strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err, "VALKEYSTREAM_CRASH_SEED")
+	}
+	t.Logf("partitioned crash audit seed %d (VALKEYSTREAM_CRASH_SEED=%d repeats the random choices)", seed, seed)
+	topic := "crash-partitioned-" + watermill.NewShortUUID()
+	layout, err := partition.NewLayout(topic, p.Partitions)
+	require.NoError(t, err)
+	a := &crashPartitioned{
+		t:      t,
+		p:      p,
+		srv:    srv,
+		admin:  crashAdminClient(t, srv),
+		bin:    bin,
+		dir:    t.TempDir(),
+		topic:  topic,
+		group:  "audit",
+		layout: layout,
+		rng:    rand.New(rand.NewPCG(seed, 0x9a27)),
+		recs:   map[*crashWorker][]audit.Record{},
+
+		seenRecords: map[seenRecord]bool{},
+	}
+	t.Cleanup(a.killAll)
+
+	a.start = time.Now()
+	slots := make([]*crashWorker, p.Workers)
+	for i := range slots {
+		slots[i] = a.spawn(fmt.Sprintf("w%d-0", i))
+	}
+	// The workers subscribe first (StartHead: they would read the streams
+	// from the beginning anyway), so that the kills land on a busy group.
+	published := make(chan crashPartitionedPublished, 1)
+	var publishedSoFar atomic.Int64
+	go func() { published <- a.publish(&publishedSoFar) }()
+
+	var sameName, abandoned int
+	var lastKill time.Time
+	for k := 0; k < p.Kills; k++ {
+		a.sleepRandom(p.KillEvery[0], p.KillEvery[1])
+		for _, w := range slots {
+			if w.exited() {
+				t.Fatalf("worker %s (run %d) exited by itself: %v\n%s", w.name, w.gen, w.waitErr, crashLogTail(w.logPath))
+			}
+		}
+		// Three kills in four hit a worker that owns partitions now (a
+		// worker just restarted owns none for about PartitionOwnerTTL),
+		// the others any worker, maybe one that is still joining.
+		slot := a.rng.IntN(len(slots))
+		if a.rng.IntN(4) > 0 {
+			var owning []int
+			records := a.ownerRecords()
+			for i, w := range slots {
+				for p, record := range records {
+					if a.owns(w, p, record) {
+						owning = append(owning, i)
+						break
+					}
+				}
+			}
+			if len(owning) > 0 {
+				slot = owning[a.rng.IntN(len(owning))]
+			}
+		}
+		victim := slots[slot]
+		a.kill(victim)
+		lastKill = time.Now()
+		name := victim.name
+		if a.rng.IntN(2) == 0 {
+			sameName++
+		} else {
+			// The old name is never used again: its member entry lapses,
+			// and its partitions go to the others.
+			abandoned++
+			name = fmt.Sprintf("w%d-%d", slot, a.spawns)
+		}
+		a.sleepRandom(0, 300*time.Millisecond)
+		slots[slot] = a.spawn(name)
+	}
+	pub := <-published
+	require.NoError(t, pub.err, "publishing")
+	if publishedSoFar.Load() < int64(len(pub.msgs)) {
+		t.Fatalf("published %d of %d", publishedSoFar.Load(), len(pub.msgs))
+	}
+
+	// Wait until every published message has an H line and every
+	// partition's group has nothing pending and nothing unread.
+	handledSet := map[string]bool{}
+	var missing int
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		a.readLedgers()
+		for _, recs := range a.recs {
+			for _, r := range recs {
+				if r.Kind == audit.Handled {
+					handledSet[r.UUID] = true
+				}
+			}
+		}
+		missing = len(pub.msgs) - len(handledSet)
+		if missing == 0 && a.settled(false) {
+			break
+		}
+		for _, w := range slots {
+			if w.exited() {
+				t.Fatalf("worker %s (run %d) exited by itself: %v\n%s", w.name, w.gen, w.waitErr, crashLogTail(w.logPath))
+			}
+		}
+		if time.Now().After(deadline) {
+			a.settled(true)
+			t.Fatalf("not drained 90 s after publishing ended: %d of %d messages never handled (seed %d)", missing, len(pub.msgs), seed)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	drained := time.Since(lastKill)
+	for _, w := range slots {
+		a.stop(w)
+	}
+	a.readLedgers()
+	require.True(t, a.settled(true), "the partitions' groups after the last workers stopped")
+
+	r := a.judge(pub)
+	r.kills = len(a.kills)
+	derived := 0 // runs whose lease gave another name than -consumer
+	for _, w := range a.all {
+		if m := a.member(w); m != "" && m != w.name {
+			derived++
+		}
+	}
+	t.Logf("partitioned crash audit on %s %s: %d partitions, %d workers at a time, %d keys x %d messages = %d messages, handling %s, PartitionOwnerTTL %s, retry probability %.2f",
+		srv.Name(), srv.Version(), p.Partitions, p.Workers, p.Keys, p.PerKey, r.messages, p.HandleTime, p.OwnerTTL, p.RetryProb)
+	t.Logf("kills: %d (SIGKILL), %d restarts under the same name (%d runs subscribed under a name derived from theirs, the killed run's lease not lapsed yet), %d names abandoned, %d processes started; %d kills hit a worker that owned partitions, %d one with entries pending to it (%d entries, handed over to the next owners)",
+		r.kills, sameName, derived, abandoned, a.spawns, r.killsOwning, r.killsPending, r.pendingAtKill)
+	t.Logf("outcome: %d lost, %d out of order by first handling began (%d by first handling finished), %d handled more than once (%d extra handlings), %d begun more than once, %d retries asked for, max delivery count %d, %d overlapping handlings of a partition, %d clock steps backwards in a ledger",
+		r.lost, r.outOfOrderB, r.outOfOrderH, r.handledAgain, r.extraHandled, r.begunAgain, r.retried, r.maxDC, r.overlaps, r.clockSteps)
+	t.Logf("takeover gaps (kill to the next handling of each partition the victim owned, %d partitions): %s; last kill to drained %s; wall time %s",
+		len(r.gaps), crashGapSummary(r.gaps), drained.Round(time.Millisecond), time.Since(start).Round(100*time.Millisecond))
+
+	if r.lost > 0 || r.mismatches > 0 {
+		t.Errorf("%d messages lost, %d ledger lines with another key or sequence number than published (seed %d)", r.lost, r.mismatches, seed)
+	}
+	if r.outOfOrderB > 0 || r.outOfOrderH > 0 {
+		t.Errorf("per-key order broken: %d messages first handled (began) after a later message of their key, %d by the first finished handling (seed %d)",
+			r.outOfOrderB, r.outOfOrderH, seed)
+	}
+	if r.overlaps > 0 {
+		t.Errorf("%d pairs of handlings of one partition in two processes at once (seed %d)", r.overlaps, seed)
+	}
+	return r
+}
+
+type crashPartitionedPublished struct {
+	msgs     map[string]crashKeyed // uuid -> key and seq
+	failures int
+	err      error
+}
+
+// publish publishes p.PerKey rounds, round n every key's message n, in
+// calls of up to 50 messages, spread over p.PublishFor.
+func (a *crashPartitioned) publish(count *atomic.Int64) crashPartitionedPublished {
+	client := redis.NewClient(&redis.Options{Addr: a.srv.Addr()})
+	defer client.Close()
+	res := crashPartitionedPublished{msgs: map[string]crashKeyed{}}
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
+		Client: client, Partitions: map[string]int{a.topic: a.p.Partitions},
+	}, testLogger())
+	if err != nil {
+		res.err = err
+		return res
+	}
+	const batch = 50
+	start := time.Now()
+	for seq := 0; seq < a.p.PerKey; seq++ {
+		if d := time.Until(start.Add(a.p.PublishFor * time.Duration(seq) / time.Duration(a.p.PerKey))); d > 0 {
+			time.Sleep(d)
+		}
+		for from := 0; from < a.p.Keys; from += batch {
+			var msgs []*message.Message
+			for k := from; k < min(from+batch, a.p.Keys); k++ {
+				m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("k%d/%d", k, seq)))
+				m.Metadata.Set(valkeystream.MetadataPartitionKey, fmt.Sprintf("k%d", k))
+				m.Metadata.Set("seq", strconv.Itoa(seq))
+				msgs = append(msgs, m)
+			}
+			for attempt := 1; ; attempt++ {
+				// A failed call is retried before the next round: a
+				// message written twice comes twice, in order.
+				err := pub.Publish(a.topic, msgs...)
+				if err == nil {
+					break
+				}
+				res.failures++
+				if attempt == 20 {
+					res.err = fmt.Errorf("publish of round %d failed %d times: %w", seq, attempt, err)
+					return res
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			for _, m := range msgs {
+				res.msgs[m.UUID] = crashKeyed{key: m.Metadata.Get(valkeystream.MetadataPartitionKey), seq: seq}
+			}
+			count.Add(int64(len(msgs)))
+		}
+	}
+	return res
+}
+
+// spawn starts a worker process under the consumer name.
+func (a *crashPartitioned) spawn(name string) *crashWorker {
+	t := a.t
+	t.Helper()
+	a.spawns++
+	gen := a.spawns
+	base := filepath.Join(a.dir, fmt.Sprintf("%03d-%s", gen, name))
+	w := &crashWorker{
+		name:    name,
+		gen:     gen,
+		logPath: base + ".log",
+		ledger:  audit.NewReader(base + ".ledger"),
+		done:    make(chan struct{}),
+	}
+	// Per run, as in TestCrashAudit: a random Ack flush interval and batch
+	// size.
+	ackFlush := []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond}[a.rng.IntN(4)]
+	batch := []int{10, 50, 100}[a.rng.IntN(3)]
+	args := []string{
+		"-addr", a.srv.Addr(),
+		"-topic", a.topic,
+		"-group", a.group,
+		"-consumer", name,
+		"-ledger", w.ledger.Path(),
+		"-seed", strconv.FormatUint(a.rng.Uint64(), 10),
+		"-delay-prob", "0",
+		"-handle-time", a.p.HandleTime.String(),
+		"-retry-prob", strconv.FormatFloat(a.p.RetryProb, 'g', -1, 64),
+		"-retry-after", "50ms",
+		"-batch", strconv.Itoa(batch),
+		"-block", crashBlockTime.String(),
+		"-claim-interval", crashClaimInterval.String(),
+		"-claim-min-idle", crashClaimMinIdle.String(),
+		"-ack-flush", ackFlush.String(),
+		"-lease-ttl", crashLeaseTTL.String(),
+		"-partitions", strconv.Itoa(a.p.Partitions),
+		"-partition-ttl", a.p.OwnerTTL.String(),
+	}
+	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
+		args = append(args, "-v")
+	}
+	logFile, err := os.Create(w.logPath)
+	require.NoError(t, err)
+	defer logFile.Close()
+	stdinR, stdinW, err := os.Pipe()
+	require.NoError(t, err)
+	defer stdinR.Close()
+	w.stdin = stdinW
+	w.cmd = exec.Command(a.bin, args...)
+	w.cmd.Stdin = stdinR
+	w.cmd.Stdout = logFile
+	w.cmd.Stderr = logFile
+	require.NoError(t, w.cmd.Start(), "starting the worker")
+	go func() {
+		w.waitErr = w.cmd.Wait()
+		close(w.done)
+	}()
+	a.all = append(a.all, w)
+	return w
+}
+
+// kill sends SIGKILL to the worker, waits until it is gone, and notes the
+// partitions it owned: their owner records, which outlive it until they
+// lapse, name it.
+func (a *crashPartitioned) kill(w *crashWorker) {
+	t := a.t
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Kill())
+	<-w.done
+	at := time.Now()
+	w.killed = true
+	_ = w.stdin.Close()
+	k := crashPartitionedKill{w: w, at: at}
+	for i, record := range a.ownerRecords() {
+		if a.owns(w, i, record) {
+			k.owned = append(k.owned, i)
+			a.seenRecords[seenRecord{i, record}] = true
+		}
+	}
+	consumer := a.member(w)
+	for _, stream := range a.layout.Streams() {
+		if consumer == "" {
+			break // killed before it subscribed
+		}
+		pend, err := a.admin.XPendingExt(context.Background(), &redis.XPendingExtArgs{
+			Stream: stream, Group: a.group, Consumer: consumer, Start: "-", End: "+", Count: 1 << 20,
+		}).Result()
+		require.NoError(t, err)
+		k.pending += len(pend)
+	}
+	a.kills = append(a.kills, k)
+}
+
+// member returns the member id of the worker's subscription: its consumer
+// name, which the worker logs once it has subscribed; "" before.
+func (a *crashPartitioned) member(w *crashWorker) string {
+	if w.member == "" {
+		data, err := os.ReadFile(w.logPath)
+		require.NoError(a.t, err)
+		const prefix = "crashworker: subscribed as consumer "
+		if _, after, ok := strings.Cut(string(data), prefix); ok {
+			if name, _, ok := strings.Cut(after, "\n"); ok {
+				w.member = name
+			}
+		}
+	}
+	return w.member
+}
+
+// owns reports whether the owner record ("<member>:<epoch>") of partition
+// p is of the worker's subscription. A worker that has not logged its member id yet
+// may hold its consumer name or one the lease derived from it (name-2,
+// name-3, ...). A record an earlier kill already saw is of an earlier run
+// under the same name whose record has not lapsed yet: it is not this
+// run's, and its takeover counts from that kill.
+func (a *crashPartitioned) owns(w *crashWorker, p int, record string) bool {
+	if record == "" || a.seenRecords[seenRecord{p, record}] {
+		return false
+	}
+	member, _, _ := strings.Cut(record, ":")
+	if m := a.member(w); m != "" {
+		return member == m
+	}
+	suffix, ok := strings.CutPrefix(member, w.name+"-")
+	_, err := strconv.Atoi(suffix)
+	return member == w.name || (ok && err == nil)
+}
+
+// ownerRecords returns each partition's owner record, "<member>:<epoch>"
+// ("" for none).
+func (a *crashPartitioned) ownerRecords() []string {
+	records := make([]string, a.p.Partitions)
+	for i := range records {
+		record, err := a.admin.Get(context.Background(), a.layout.Keys(i, a.group).Owner).Result()
+		if err == redis.Nil {
+			continue
+		}
+		require.NoError(a.t, err)
+		records[i] = record
+	}
+	return records
+}
+
+// stop asks the worker to stop gracefully and waits for it.
+func (a *crashPartitioned) stop(w *crashWorker) {
+	t := a.t
+	t.Helper()
+	_ = w.stdin.Close()
+	select {
+	case <-w.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker %s (run %d) did not stop within 30 s of its stdin closing\n%s", w.name, w.gen, crashLogTail(w.logPath))
+	}
+	require.NoError(t, w.waitErr, "worker %s (run %d) did not stop cleanly\n%s", w.name, w.gen, crashLogTail(w.logPath))
+}
+
+func (a *crashPartitioned) killAll() {
+	for _, w := range a.all {
+		if !w.exited() {
+			_ = w.cmd.Process.Kill()
+			<-w.done
+		}
+		_ = w.stdin.Close()
+	}
+}
+
+func (a *crashPartitioned) readLedgers() {
+	for _, w := range a.all {
+		recs, err := w.ledger.Read()
+		require.NoError(a.t, err)
+		for _, r := range recs {
+			require.True(a.t, r.Keyed, "ledger line of worker %s (run %d) is not keyed: %+v", w.name, w.gen, r)
+		}
+		a.recs[w] = append(a.recs[w], recs...)
+	}
+}
+
+// settled reports whether every partition stream's group has nothing
+// pending and every entry delivered (last-delivered-id the stream's last
+// id, lag 0); with explain it logs what is not.
+func (a *crashPartitioned) settled(explain bool) bool {
+	ctx := context.Background()
+	ok := true
+	for i, stream := range a.layout.Streams() {
+		info, err := a.admin.XInfoStream(ctx, stream).Result()
+		require.NoError(a.t, err, "stream %s", stream)
+		groups, err := a.admin.XInfoGroups(ctx, stream).Result()
+		require.NoError(a.t, err)
+		var g *redis.XInfoGroup
+		for j := range groups {
+			if groups[j].Name == a.group {
+				g = &groups[j]
+			}
+		}
+		require.NotNil(a.t, g, "group %q of %s", a.group, stream)
+		if g.Pending != 0 || g.LastDeliveredID != info.LastGeneratedID || g.Lag > 0 {
+			ok = false
+			if explain {
+				a.t.Logf("partition %d (%s): %d entries, last %s; group: %d pending, last delivered %s, lag %d",
+					i, stream, info.Length, info.LastGeneratedID, g.Pending, g.LastDeliveredID, g.Lag)
+			}
+		}
+	}
+	if !ok && explain {
+		a.t.Logf("owner records now: %q", a.ownerRecords())
+	}
+	return ok
+}
+
+// crashHandling is a handling of a message in one process: from its B
+// line to the line that ended it (H or R), or to the process's death.
+type crashHandling struct {
+	w          *crashWorker
+	part       int
+	begin, end int64
+}
+
+// judge reads the ledgers against what was published.
+func (a *crashPartitioned) judge(pub crashPartitionedPublished) crashPartitionedResult {
+	r := crashPartitionedResult{messages: len(pub.msgs)}
+	type firsts struct{ b, h int64 }
+	first := map[string]*firsts{}
+	began, handled := map[string]int{}, map[string]int{}
+	var handlings []crashHandling
+	deathOf := map[*crashWorker]int64{}
+	for _, k := range a.kills {
+		deathOf[k.w] = k.at.UnixNano()
+	}
+	for _, w := range a.all {
+		var open *crashHandling
+		var last int64
+		for _, rec := range a.recs[w] {
+			if rec.At < last {
+				r.clockSteps++
+			}
+			last = max(last, rec.At)
+			want, ok := pub.msgs[rec.UUID]
+			if !ok || want.key != rec.Key || want.seq != rec.Seq {
+				r.mismatches++
+				continue
+			}
+			f := first[rec.UUID]
+			if f == nil {
+				f = &firsts{}
+				first[rec.UUID] = f
+			}
+			r.maxDC = max(r.maxDC, rec.Count)
+			switch rec.Kind {
+			case audit.Began:
+				began[rec.UUID]++
+				if f.b == 0 || rec.At < f.b {
+					f.b = rec.At
+				}
+				if open != nil { // cannot be: one handling at a time in a worker
+					handlings = append(handlings, *open)
+				}
+				open = &crashHandling{w: w, part: valkeystream.PartitionOf(rec.Key, a.p.Partitions), begin: rec.At, end: rec.At}
+			case audit.Handled, audit.Retried:
+				if rec.Kind == audit.Handled {
+					handled[rec.UUID]++
+					if f.h == 0 || rec.At < f.h {
+						f.h = rec.At
+					}
+				} else {
+					r.retried++
+				}
+				if open != nil {
+					open.end = rec.At
+					handlings = append(handlings, *open)
+					open = nil
+				}
+			}
+		}
+		if open != nil {
+			// Killed inside the handling (or stopped after a B line, which
+			// a graceful stop does not do): it ran until the death.
+			if d, ok := deathOf[w]; ok {
+				open.end = d
+			}
+			handlings = append(handlings, *open)
+		}
+	}
+
+	byKey := map[string][]string{} // key -> uuids
+	for id, m := range pub.msgs {
+		byKey[m.key] = append(byKey[m.key], id)
+		switch n := handled[id]; {
+		case n == 0:
+			r.lost++
+		case n > 1:
+			r.handledAgain++
+			r.extraHandled += n - 1
+		}
+		if began[id] > 1 {
+			r.begunAgain++
+		}
+	}
+	// overtaken counts the messages of a key whose first handling (by at)
+	// came after that of a message with a higher sequence number.
+	overtaken := func(ids []string, at func(id string) int64) (n int, example string) {
+		ids = slices.Clone(ids)
+		ids = slices.DeleteFunc(ids, func(id string) bool { return at(id) == 0 })
+		sort.Slice(ids, func(i, j int) bool { return at(ids[i]) < at(ids[j]) })
+		highest, highestID := -1, ""
+		for _, id := range ids {
+			seq := pub.msgs[id].seq
+			if seq < highest {
+				n++
+				if example == "" {
+					example = fmt.Sprintf("key %s: message %d (%s) first handled %s after message %d (%s)",
+						pub.msgs[id].key, seq, id, time.Duration(at(id)-at(highestID)), highest, highestID)
+				}
+			}
+			if seq > highest {
+				highest, highestID = seq, id
+			}
+		}
+		return n, example
+	}
+	var examples []string
+	for _, ids := range byKey {
+		n, ex := overtaken(ids, func(id string) int64 {
+			if f := first[id]; f != nil {
+				return f.b
+			}
+			return 0
+		})
+		r.outOfOrderB += n
+		if ex != "" && len(examples) < 5 {
+			examples = append(examples, "began: "+ex)
+		}
+		n, ex = overtaken(ids, func(id string) int64 {
+			if f := first[id]; f != nil {
+				return f.h
+			}
+			return 0
+		})
+		r.outOfOrderH += n
+		if ex != "" && len(examples) < 5 {
+			examples = append(examples, "finished: "+ex)
+		}
+	}
+	for _, ex := range examples {
+		a.t.Log("out of order: " + ex)
+	}
+
+	// One handling per partition at a time: intervals of one partition in
+	// two processes must not intersect.
+	byPart := make([][]crashHandling, a.p.Partitions)
+	for _, h := range handlings {
+		byPart[h.part] = append(byPart[h.part], h)
+	}
+	for p, hs := range byPart {
+		sort.Slice(hs, func(i, j int) bool { return hs[i].begin < hs[j].begin })
+		var reach crashHandling // the handling reaching furthest so far
+		for i, h := range hs {
+			if i > 0 && h.begin < reach.end && h.w != reach.w {
+				r.overlaps++
+				if r.overlaps <= 3 {
+					a.t.Logf("overlap in partition %d: %s (run %d) handled from %d to %d, %s (run %d) began at %d",
+						p, reach.w.name, reach.w.gen, reach.begin, reach.end, h.w.name, h.w.gen, h.begin)
+				}
+			}
+			if i == 0 || h.end > reach.end {
+				reach = h
+			}
+		}
+	}
+
+	// The takeover gaps: from a kill to the next B line of each partition
+	// the victim owned.
+	for _, k := range a.kills {
+		if len(k.owned) > 0 {
+			r.killsOwning++
+		}
+		if k.pending > 0 {
+			r.killsPending++
+			r.pendingAtKill += k.pending
+		}
+		var gaps []string
+		for _, p := range k.owned {
+			next := int64(0)
+			for _, h := range byPart[p] {
+				if h.begin > k.at.UnixNano() && (next == 0 || h.begin < next) {
+					next = h.begin
+				}
+			}
+			if next != 0 {
+				gap := time.Duration(next - k.at.UnixNano())
+				r.gaps = append(r.gaps, gap)
+				gaps = append(gaps, fmt.Sprintf("%d: %s", p, gap.Round(time.Millisecond)))
+			}
+		}
+		a.t.Logf("kill of %s (run %d, consumer %q) at +%s: owned partitions %v, %d entries pending to it; next handling of its partitions after %s",
+			k.w.name, k.w.gen, a.member(k.w), k.at.Sub(a.start).Round(time.Millisecond), k.owned, k.pending, strings.Join(gaps, ", "))
+	}
+	slices.Sort(r.gaps)
+	return r
+}
+
+// crashGapSummary is the min, median, 90th percentile and max of gaps,
+// sorted.
+func crashGapSummary(gaps []time.Duration) string {
+	if len(gaps) == 0 {
+		return "none"
+	}
+	q := func(f float64) time.Duration { return gaps[int(f*float64(len(gaps)-1))].Round(time.Millisecond) }
+	return fmt.Sprintf("min %s, median %s, p90 %s, max %s", q(0), q(0.5), q(0.9), q(1))
+}
+
+// sleepRandom sleeps a uniformly random time in [lo, hi].
+func (a *crashPartitioned) sleepRandom(lo, hi time.Duration) {
+	if hi <= lo {
+		time.Sleep(lo)
+		return
+	}
+	time.Sleep(lo + time.Duration(a.rng.Int64N(int64(hi-lo)+1)))
+}

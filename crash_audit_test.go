@@ -33,8 +33,9 @@ const (
 	crashClaimMinIdle  = 1500 * time.Millisecond
 	crashClaimInterval = 300 * time.Millisecond
 	crashBlockTime     = 200 * time.Millisecond
-	// A worker that comes back under its old name waits up to this long
-	// for the lease of the killed one to lapse.
+	// The lease TTL of the workers' consumer names: a worker that comes
+	// back under its old base name runs as the next free name at once, and
+	// takes over the killed one's entries once this lease lapses.
 	crashLeaseTTL = 500 * time.Millisecond
 	// crashDedupRunningTTL is how long the in-progress mark of a killed
 	// deduplicating worker holds back the message's redelivery.

@@ -219,11 +219,18 @@ func (s *RedisServer) ReadOwn(ctx context.Context, from string, count int64) ([]
 
 // ListOwn lists own pending entries with XPENDING.
 func (s *RedisServer) ListOwn(ctx context.Context, from string, count int64) ([]string, error) {
+	return ListPending(ctx, s.client, s.keys[0], s.opt.Group, s.opt.Consumer, from, count)
+}
+
+// ListPending lists the ids of up to count pending entries of consumer in
+// group of stream, from the XPENDING range start from, with XPENDING; the
+// call ends with ctx whatever the client's options.
+func ListPending(ctx context.Context, client redis.UniversalClient, stream, group, consumer, from string, count int64) ([]string, error) {
 	var pending []redis.XPendingExt
 	var err error
 	if berr := bounded.Call(ctx, func() {
-		pending, err = s.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: s.keys[0], Group: s.opt.Group, Consumer: s.opt.Consumer, Start: from, End: "+", Count: count,
+		pending, err = client.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: stream, Group: group, Consumer: consumer, Start: from, End: "+", Count: count,
 		}).Result()
 	}); berr != nil {
 		return nil, berr

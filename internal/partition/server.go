@@ -275,23 +275,7 @@ func (s *Server) ReadOwn(ctx context.Context, from string, count int64) ([]loop.
 // ListOwn lists the ids of the owner's own pending entries with XPENDING
 // (not fenced: it changes nothing).
 func (s *Server) ListOwn(ctx context.Context, from string, count int64) ([]string, error) {
-	var pending []redis.XPendingExt
-	var err error
-	if berr := bounded.Call(ctx, func() {
-		pending, err = s.o.p.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: s.o.p.keys.Stream, Group: s.o.p.group, Consumer: s.o.token.Member, Start: from, End: "+", Count: count,
-		}).Result()
-	}); berr != nil {
-		return nil, berr
-	}
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]string, len(pending))
-	for i, p := range pending {
-		ids[i] = p.ID
-	}
-	return ids, nil
+	return loop.ListPending(ctx, s.o.p.client, s.o.p.keys.Stream, s.o.p.group, s.o.token.Member, from, count)
 }
 
 // Claim is not used on a partition: it returns an error that says so.

@@ -19,6 +19,7 @@ type bench struct {
 	memory   []memorySample
 	latency  []latencySample
 	topics   []topicsSample
+	scale    []scaleSample
 	rtts     map[time.Duration]time.Duration // round trip measured at each delay
 	dist     distance                        // where the sides' clients connect
 	runs     int
@@ -104,6 +105,8 @@ func (b *bench) runRepetition(ctx context.Context, picked []scenario, rep int) e
 			err = b.runLargeScenario(ctx, scn, rep)
 		case kindTopics:
 			err = b.runTopicsScenario(ctx, scn, rep)
+		case kindScale:
+			err = b.runScaleScenario(ctx, scn, rep)
 		}
 		if err != nil {
 			return err

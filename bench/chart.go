@@ -20,6 +20,8 @@ var chartColors = map[string]string{
 	sideIdempotent:       "#2ca25f",
 	sideIdempotentScript: "#99d8c9",
 	sideExactlyOnce:      "#6a51a3",
+	sidePartitions1:      "#08306b",
+	sidePartitions8:      "#4292c6",
 }
 
 // chartLabels names the sides in the legend.
@@ -33,10 +35,12 @@ var chartLabels = map[string]string{
 	sideIdempotent:       "valkeystream, idempotent",
 	sideIdempotentScript: "valkeystream, idempotent by script",
 	sideExactlyOnce:      "valkeystream, exactly-once",
+	sidePartitions1:      "valkeystream, 1 partition",
+	sidePartitions8:      "valkeystream, 8 partitions",
 }
 
 // chartSides is the order of the legend and of the bars within a group.
-var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideExactlyOnce, sideIncumbent, sideRaw, sideGoChannel}
+var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideExactlyOnce, sidePartitions1, sidePartitions8, sideIncumbent, sideRaw, sideGoChannel}
 
 // chartSize is the payload size the chart shows: 64 bytes if measured, else
 // the first size.

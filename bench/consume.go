@@ -26,6 +26,9 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 	defer sc.close()
 	topic := b.topic(scn, sd, c)
 	defer b.cleanup(ctx, topic)
+	if sd.partitions > 0 {
+		defer b.cleanupStreams(ctx, sd.streamsOf(topic))
+	}
 	tr := newTracker(c, scn.nack)
 
 	var consume func(ctx context.Context) error
@@ -70,9 +73,9 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 			return nil
 		}
 		var err error
-		pending, err = b.pendingAfter(ctx, topic)
+		pending, err = b.pendingAfter(ctx, sd.streamsOf(topic)...)
 		if pending > 0 {
-			b.describePending(ctx, topic)
+			b.describePending(ctx, sd.streamsOf(topic)...)
 		}
 		if err == nil && scn.transform {
 			extra, err = b.checkOutputs(ctx, topic, c.n)
@@ -208,35 +211,43 @@ func handle(tr *tracker, msg *message.Message, nack bool) bool {
 	return true
 }
 
-// describePending writes the first entries left pending on topic to the
-// progress output, for a look at what a side left behind.
-func (b *bench) describePending(ctx context.Context, topic string) {
-	left, err := b.admin.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: topic, Group: group, Start: "-", End: "+", Count: 5}).Result()
-	if err != nil {
-		fmt.Fprintf(b.progress, "warning: listing the pending entries of %s: %v\n", topic, err)
-		return
-	}
-	for _, p := range left {
-		fmt.Fprintf(b.progress, "left pending on %s: entry %s, consumer %s, idle %s, delivered %d times\n",
-			topic, p.ID, p.Consumer, p.Idle.Round(time.Millisecond), p.RetryCount)
+// describePending writes the first entries left pending on the streams
+// (a topic's, or its partitions') to the progress output, for a look at
+// what a side left behind.
+func (b *bench) describePending(ctx context.Context, streams ...string) {
+	for _, topic := range streams {
+		left, err := b.admin.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: topic, Group: group, Start: "-", End: "+", Count: 5}).Result()
+		if err != nil {
+			fmt.Fprintf(b.progress, "warning: listing the pending entries of %s: %v\n", topic, err)
+			return
+		}
+		for _, p := range left {
+			fmt.Fprintf(b.progress, "left pending on %s: entry %s, consumer %s, idle %s, delivered %d times\n",
+				topic, p.ID, p.Consumer, p.Idle.Round(time.Millisecond), p.RetryCount)
+		}
 	}
 }
 
-// pendingAfter waits up to pendingWait for the group's pending list on topic
-// to empty, and returns what is left in it.
-func (b *bench) pendingAfter(ctx context.Context, topic string) (int64, error) {
+// pendingAfter waits up to pendingWait for the group's pending lists on the
+// streams (a topic's, or its partitions') to empty, and returns what is
+// left in them.
+func (b *bench) pendingAfter(ctx context.Context, streams ...string) (int64, error) {
 	deadline := time.Now().Add(pendingWait)
 	for {
-		p, err := b.admin.XPending(ctx, topic, group).Result()
-		if err != nil {
-			return 0, fmt.Errorf("reading the pending entries of %s: %w", topic, err)
+		var count int64
+		for _, topic := range streams {
+			p, err := b.admin.XPending(ctx, topic, group).Result()
+			if err != nil {
+				return 0, fmt.Errorf("reading the pending entries of %s: %w", topic, err)
+			}
+			count += p.Count
 		}
-		if p.Count == 0 || time.Now().After(deadline) {
-			return p.Count, nil
+		if count == 0 || time.Now().After(deadline) {
+			return count, nil
 		}
 		select {
 		case <-ctx.Done():
-			return p.Count, ctx.Err()
+			return count, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -38,7 +38,12 @@ child process, with its peak RSS), many-topics (one Subscriber, one
 default client, a handler per topic), memory (heap over a backlog), and
 the cost of metrics and of idempotent publishing (publish-idempotent and
 publish-idempotent-single: plain publishing against IdempotentWindow on the
-server's own path and on the script path, in the same run).
+server's own path and on the script path, in the same run), and
+partitioned topics: partition-cost (one subscription through a router on a
+topic of 1 and of 8 partitions against a plain topic: rate and
+allocations), partition-scale-router and partition-scale-channel (a topic
+of 16 partitions, keyed messages, a 1 ms handler, 1, 2, 4, 8
+subscriptions: rate against linear scaling).
 
 Every scenario at loopback and at two simulated network distances:
 
@@ -81,12 +86,15 @@ type config struct {
 	topicRounds int
 	topicStart  time.Duration
 
+	partitionSubs []int // scale scenarios: counts of subscriptions
+	partitionN    int   // scale scenarios: messages per run
+
 	args []string // as given, for the report
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
-	var sizes, memory, delays, distanceSizes, rates, largeSizes, topics string
+	var sizes, memory, delays, distanceSizes, rates, largeSizes, topics, partitionSubs string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -119,6 +127,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.topicPeriod, "topics-period", time.Second, "many-topics scenario: one message per topic per period")
 	fs.IntVar(&cfg.topicRounds, "topics-rounds", 5, "many-topics scenario: periods to publish for")
 	fs.DurationVar(&cfg.topicStart, "topics-start", 30*time.Second, "many-topics scenario: how long to wait for every subscription to start before giving up on the run")
+	fs.StringVar(&partitionSubs, "partition-subscriptions", "1,2,4,8", "partition-scale scenarios: counts of subscriptions, comma-separated (at most 16, the partitions)")
+	fs.IntVar(&cfg.partitionN, "partition-messages", 20000, "partition-scale scenarios: messages per run (at delays above 0, at most -distance-messages)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -147,7 +157,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.topicCounts, err = parseInts(topics, 1); err != nil {
 		return config{}, fmt.Errorf("-topics: %w", err)
 	}
+	if cfg.partitionSubs, err = parseInts(partitionSubs, 1); err != nil {
+		return config{}, fmt.Errorf("-partition-subscriptions: %w", err)
+	}
 	switch {
+	case slices.ContainsFunc(cfg.partitionSubs, func(k int) bool { return k > scalePartitions }):
+		return config{}, fmt.Errorf("-partition-subscriptions: at most %d, the partitions", scalePartitions)
+	case cfg.partitionN < 1:
+		return config{}, errors.New("-partition-messages must be at least 1")
 	case cfg.reps < 1:
 		return config{}, errors.New("-reps must be at least 1")
 	case cfg.publishN < 1 || cfg.consumeN < 1:
@@ -312,7 +329,7 @@ func run(args []string) error {
 
 	rep := report{
 		cfg: cfg, machine: mach, server: srv.describe(), scenarios: picked,
-		res: b.res, memory: b.memory, latency: b.latency, topics: b.topics, rtts: b.rtts,
+		res: b.res, memory: b.memory, latency: b.latency, topics: b.topics, scale: b.scale, rtts: b.rtts,
 		wall: time.Since(began), leaks: leaks,
 	}
 	return rep.write()

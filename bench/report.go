@@ -20,6 +20,7 @@ type report struct {
 	memory    []memorySample
 	latency   []latencySample
 	topics    []topicsSample
+	scale     []scaleSample
 	rtts      map[time.Duration]time.Duration // round trip measured at each delay
 	wall      time.Duration
 	leaks     string
@@ -75,6 +76,8 @@ func (r report) markdown(chartRef string) string {
 	r.writeMetricsCost(&w)
 	r.writeIdempotentCost(&w)
 	r.writeExactlyOnceCost(&w)
+	r.writePartitionCost(&w)
+	r.writeScale(&w)
 	r.writeMemory(&w)
 	r.writeChecks(&w)
 	w.WriteString(method)
@@ -123,7 +126,7 @@ type throughputRow struct {
 func (r report) writeThroughput(w *strings.Builder) {
 	var rows []throughputRow
 	for _, scn := range r.scenarios {
-		if scn.nack || scn.kind != kindThroughput || slices.Contains(scn.sides, sideMetrics) || scn.isIdempotentScenario() {
+		if scn.nack || scn.kind != kindThroughput || slices.Contains(scn.sides, sideMetrics) || scn.isIdempotentScenario() || scn.isPartitionCost() {
 			continue
 		}
 		for _, size := range r.cfg.allSizes() {

@@ -22,9 +22,11 @@ const howToRun = "## How to run\n\n" +
 	"`-consume-messages`, `-memory-entries`, `-scenarios` (a comma-separated subset\n" +
 	"of " + "`publish-concurrent`, `publish-single`, `publish-batch`, `consume-router`,\n" +
 	"`consume-channel`, `consume-nack`, `transform-router`, `latency`,\n" +
-	"`consume-large`, `many-topics`, `memory`), `-sides` (a subset of\n" +
+	"`consume-large`, `many-topics`, `partition-cost`, `partition-scale-router`,\n" +
+	"`partition-scale-channel`, `memory`), `-sides` (a subset of\n" +
 	"`valkeystream`, `watermill-redisstream`, `go-redis`, `gochannel`,\n" +
-	"`valkeystream+exactly-once`), `-stall`, `-cpuprofile`, `-memprofile`, and:\n\n" +
+	"`valkeystream+exactly-once`, `valkeystream+1-partition`,\n" +
+	"`valkeystream+8-partitions`), `-stall`, `-cpuprofile`, `-memprofile`, and:\n\n" +
 	"- `-delays 0,1ms,2ms`: run every scenario at each network distance. A\n" +
 	"  delay above 0 starts a proxy (a child process) in front of the server\n" +
 	"  that holds each of the server's replies for that long; requests pass at\n" +
@@ -44,7 +46,18 @@ const howToRun = "## How to run\n\n" +
 	"- `-topics 100` (e.g. `100,1000`), `-topics-period 1s`, `-topics-rounds 5`,\n" +
 	"  `-topics-start 30s`: the many-topics scenario's topic counts, one message\n" +
 	"  per topic per period for that many periods, and how long to wait for\n" +
-	"  every subscription to start before reporting how many did not.\n\n" +
+	"  every subscription to start before reporting how many did not.\n" +
+	"- `-partition-subscriptions 1,2,4,8`, `-partition-messages 20000`: the\n" +
+	"  partition-scale scenarios' counts of subscriptions (each on a Subscriber\n" +
+	"  and a client of its own, in this process) and messages per run. They run\n" +
+	"  a topic of 16 partitions whose messages each carry a partition key of\n" +
+	"  their own, with a handler that sleeps 1 ms: through a router per\n" +
+	"  subscription (`partition-scale-router`), or read from the channel one at\n" +
+	"  a time (`partition-scale-channel`). The clock starts once the\n" +
+	"  subscriptions split the partitions evenly, with the first `Publish`.\n" +
+	"  `partition-cost` consumes the consume-router corpus on a plain topic and\n" +
+	"  on a topic of 1 and of 8 partitions (unkeyed messages), one\n" +
+	"  subscription through a router: rate and allocations per message.\n\n" +
 	"A quick check of the newer scenarios at two distances:\n\n" +
 	"```sh\n" +
 	"go run -C bench . -reps 1 -scenarios latency,consume-large,many-topics -delays 0,1ms \\\n" +

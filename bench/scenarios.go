@@ -24,6 +24,9 @@ type scenario struct {
 	// transform: through a router whose handler returns one output per
 	// input, published to an output topic (the side's transform setup)
 	transform bool
+
+	// scale: through a router per subscription, else from the channel
+	scaleRouter bool
 }
 
 // A scenarioKind says what a scenario measures and how it is reported.
@@ -39,6 +42,9 @@ const (
 	kindLarge
 	// kindTopics: many topics on one Subscriber and one default client.
 	kindTopics
+	// kindScale: a partitioned topic with a slow handler, at each count of
+	// subscriptions of -partition-subscriptions.
+	kindScale
 )
 
 // sizes returns the payload sizes the scenario runs at: -sizes and
@@ -124,6 +130,21 @@ var scenarios = []scenario{
 	{
 		id: "metrics-consume", title: "consume, channel + Ack, metrics scraped",
 		sides: []string{sideValkeystream, sideMetrics},
+	},
+	{
+		id: "partition-cost", title: "consume, router, partitioned topic",
+		sides:  []string{sideValkeystream, sidePartitions1, sidePartitions8},
+		router: true,
+	},
+	{
+		id: "partition-scale-router", title: "partitioned topic, 1 ms handler, router per subscription",
+		sides: []string{sideValkeystream},
+		kind:  kindScale, scaleRouter: true,
+	},
+	{
+		id: "partition-scale-channel", title: "partitioned topic, 1 ms handler, channel per subscription",
+		sides: []string{sideValkeystream},
+		kind:  kindScale,
 	},
 }
 

@@ -45,6 +45,10 @@ type side struct {
 	reference bool // the same work without an adapter, to compare with
 	inMemory  bool // keeps nothing on the server
 
+	// partitions is the partition count of the side's topics (0: plain
+	// topics)
+	partitions int
+
 	// publisher returns a publisher, for the publish scenarios.
 	publisher func(sc *scope) (message.Publisher, error)
 
@@ -99,6 +103,8 @@ var sides = withPrefill(map[string]side{
 	sideIdempotent:       idempotentSide,
 	sideIdempotentScript: idempotentScriptSide,
 	sideExactlyOnce:      exactlyOnceSide,
+	sidePartitions1:      partitions1Side,
+	sidePartitions8:      partitions8Side,
 })
 
 // withPrefill sets the prefill of every adapter side from its fill and

@@ -270,7 +270,8 @@ type SubscriberConfig struct {
 	// partition lives without renewal: a subscription that dies (kill -9,
 	// cut off) keeps its partitions this long before the others take them
 	// over. It is renewed, and the partitions rebalanced, every twentieth
-	// of it; a subscription that Closes hands its partitions over at once.
+	// of it; a subscription that Closes releases its partitions (after its
+	// in-flight messages), and the others take them at their next beat.
 	// At least 100ms. Only used with Partitions. Default:
 	// DefaultPartitionOwnerTTL.
 	PartitionOwnerTTL time.Duration

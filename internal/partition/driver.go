@@ -497,6 +497,12 @@ func (d *Driver) handOver(ctx context.Context, t *tenure) error {
 		d.cfg.Logger.Info("Handed over the entries previous owners left pending in a partition",
 			watermill.LogFields{"partition": t.index, "entries": moved})
 	}
+	// The previous owners' names hold nothing now: removed, so that the
+	// group lists its live owner only. A failure leaves them, harmless.
+	if err := d.call(ctx, func(ctx context.Context) error { _, err := t.o.Prune(ctx); return err }); err != nil && !errors.Is(err, ErrFenced) {
+		d.cfg.Logger.Debug("Could not remove the previous owners' consumer names from a partition's group",
+			watermill.LogFields{"partition": t.index, "error": err.Error()})
+	}
 	return nil
 }
 

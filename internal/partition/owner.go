@@ -223,6 +223,17 @@ func (o *Ownership) HandOver(ctx context.Context, from string, most int64) (Hand
 	return parseHandOver(rest)
 }
 
+// Prune removes from the group the consumers other than the owner that hold
+// nothing pending (after a hand-over: every previous owner), and returns how
+// many it removed.
+func (o *Ownership) Prune(ctx context.Context) (int64, error) {
+	rest, err := o.run(ctx, "prune", pruneScript, o.args())
+	if err != nil {
+		return 0, err
+	}
+	return parseCount(rest)
+}
+
 // Read reads up to count entries with XREADGROUP, without blocking: new
 // entries when from is ">", else the owner's own pending entries after the
 // id from ("0": from the start). An entry whose body is gone has nil

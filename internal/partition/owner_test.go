@@ -269,6 +269,17 @@ func TestHandOverMovesTheOldOwnersPendingEntries(t *testing.T) {
 	got, err = b.Read(ctx, ">", 10)
 	require.NoError(t, err)
 	assert.Equal(t, sent[6:], ids(got), "then the new entries")
+
+	// a's name holds nothing now: the prune removes it, and keeps b.
+	removed, err := b.Prune(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), removed)
+	consumers, err := e.client.XInfoConsumers(ctx, e.keys.Stream, "g").Result()
+	require.NoError(t, err)
+	require.Len(t, consumers, 1)
+	assert.Equal(t, "b", consumers[0].Name)
+	_, err = a.Prune(ctx)
+	assert.ErrorIs(t, err, ErrFenced, "a former owner prunes")
 }
 
 // The nack claim and the hold of an owner behave as the loop's own.

@@ -227,6 +227,37 @@ return {'ok'}
 var sources = map[*redis.Script]string{}
 
 // newScript returns the script of body src, with its body kept.
+// pruneScript removes from the group the consumers other than the owner
+// that hold nothing pending: the names of owners gone by, which a hand-over
+// left empty. It returns {'ok', how many it removed}.
+//
+// ARGV[2] group, ARGV[3] the owner's consumer name.
+var pruneScript = newScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {'fenced'}
+end
+local cs = redis.pcall('XINFO', 'CONSUMERS', KEYS[2], ARGV[2])
+if cs.err then
+  return cs
+end
+local removed = 0
+for _, c in ipairs(cs) do
+  local name, pending
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then
+      name = c[i + 1]
+    elseif c[i] == 'pending' then
+      pending = c[i + 1]
+    end
+  end
+  if name and name ~= ARGV[3] and pending == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], name)
+    removed = removed + 1
+  end
+end
+return {'ok', removed}
+`)
+
 func newScript(src string) *redis.Script {
 	s := redis.NewScript(src)
 	sources[s] = src

@@ -656,7 +656,9 @@ type PublisherConfig struct {
 
 	// PartitionKey returns the partition key of a message to a
 	// partitioned topic: messages with one key go to one partition. ""
-	// means no key: such messages go to the partitions in turn. Default:
+	// means no key: such a message goes to the partition of its UUID, so
+	// unkeyed messages spread evenly and a copy published again goes
+	// where the first went. Default:
 	// the message's MetadataPartitionKey metadata.
 	PartitionKey func(topic string, msg *message.Message) string
 

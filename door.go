@@ -10,6 +10,7 @@ import (
 
 	"github.com/echomq/valkeystream/internal/lease"
 	"github.com/echomq/valkeystream/internal/loop"
+	"github.com/echomq/valkeystream/internal/partition"
 	"github.com/echomq/valkeystream/internal/serverinfo"
 )
 
@@ -58,13 +59,17 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
 	scripts := loop.CheckScripts(ctx, pipe, key, group, consumer)
 	first := lease.QueueFirst(ctx, pipe, s.leaseConfig(key), s.leaseDeps(key, logger))
-	var docs *redis.Cmd // which newer verbs the server has, asked once (verbs.go)
+	declared := pipe.Get(ctx, partition.DeclarationKey(key)) // see partitioned.go
+	var docs *redis.Cmd                                      // which newer verbs the server has, asked once (verbs.go)
 	if s.verbs.NeedsProbe() {
 		docs = serverinfo.DocsCommand(ctx)
 		_ = pipe.Process(ctx, docs)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	err := s.doorError(ctx, key, door.Err())
+	if n, derr := declared.Result(); err == nil && derr == nil {
+		err = notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
+	}
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
 	}

@@ -222,8 +222,13 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.config.CommitTimeout)
 	defer cancel()
 	wait := 20 * time.Millisecond
-	for {
+	for resent := false; ; resent = true {
 		out, err := st.send(ctx)
+		if err == nil && !out.committed && resent && out.why == whyAcknowledged {
+			// A try before this one may have committed and lost its
+			// reply: the input is acknowledged now, most likely by it.
+			out.committed = true
+		}
 		switch {
 		case err == nil && out.committed:
 			st.d.Settle()
@@ -301,6 +306,9 @@ func withoutStep(msgs []*message.Message) []*message.Message {
 // retryable reports whether a failed step may be sent again: after a
 // connection error or a failover symptom, not after a reply of the script.
 func retryable(err error) bool {
+	if errors.Is(err, redis.ErrClosed) {
+		return false
+	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		return redis.HasErrorPrefix(err, "LOADING") || redis.HasErrorPrefix(err, "READONLY") ||

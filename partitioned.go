@@ -22,7 +22,9 @@ import (
 // MetadataPartitionKey is the metadata key of a message's partition key on
 // a partitioned topic, unless PublisherConfig.PartitionKey says otherwise:
 // messages with the same key go to the same partition, and are handled in
-// order. A message without one goes to the partitions in turn.
+// order. A message without one goes to the partition of its UUID: unkeyed
+// messages spread evenly, without order, and a copy published again goes
+// where the first went.
 const MetadataPartitionKey = "valkeystream_partition_key"
 
 // MaxPartitions is the largest partition count of a topic.
@@ -49,6 +51,7 @@ type partitionedTopics struct {
 	layouts  map[string]*partition.Layout // by topic
 	spread   map[string]*partition.Spreader
 	declared sync.Map // topic -> true once the server has its count
+	plain    sync.Map // topic -> true once the server said it is not partitioned
 }
 
 // newPartitionedTopics returns the layouts of counts (topic -> partitions)
@@ -98,6 +101,32 @@ func (t *partitionedTopics) declare(ctx context.Context, client redis.Scripter, 
 	return nil
 }
 
+// checkPlain returns an error wrapping ErrPartitionCount when the server
+// holds a partition count for the stream key of topic, which this side
+// does not declare partitioned: its messages would go to (or be read from)
+// a stream no partitioned side reads. Asked once per topic.
+func (t *partitionedTopics) checkPlain(ctx context.Context, client redis.UniversalClient, topic, key string) error {
+	if _, ok := t.plain.Load(topic); ok {
+		return nil
+	}
+	n, err := client.Get(ctx, partition.DeclarationKey(key)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		t.plain.Store(topic, true)
+		return nil
+	case err != nil:
+		return fmt.Errorf("valkeystream: checking whether topic %q is partitioned (%q): %w", topic, partition.DeclarationKey(key), err)
+	}
+	return notDeclaredError(topic, key, n)
+}
+
+// notDeclaredError is the error of a side that uses topic, whose stream key
+// is key, as a plain topic although the server holds its partition count n.
+func notDeclaredError(topic, key, n string) error {
+	return fmt.Errorf("%w: topic %q is declared with %s partitions on the server (key %q), and this side does not declare it partitioned: add it to Partitions with that count",
+		ErrPartitionCount, topic, n, partition.DeclarationKey(key))
+}
+
 // partitionOf returns the partition of msg on topic: of its key, or the
 // next one in turn for a message without a key.
 func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.Message) int {
@@ -107,10 +136,16 @@ func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.
 	} else {
 		key = msg.Metadata.Get(MetadataPartitionKey)
 	}
-	if key == "" {
-		return p.partitions.spread[topic].Next()
+	switch {
+	case key != "":
+		return partition.Of(key, l.N())
+	case msg.UUID != "":
+		// No key: by the UUID, which spreads as evenly as turns do and
+		// sends a message published again to the same partition (so
+		// that IdempotentWindow and a Deduplicator catch the copy).
+		return partition.Of(msg.UUID, l.N())
 	}
-	return partition.Of(key, l.N())
+	return p.partitions.spread[topic].Next()
 }
 
 // publishPartitioned writes msgs to the partitions of topic, each
@@ -161,7 +196,8 @@ func (p *Publisher) publishPartitioned(topic string, l *partition.Layout, msgs [
 func (p *Publisher) streamKeyOf(ctx context.Context, topic string, msg *message.Message) (string, error) {
 	l := p.partitions.layout(topic)
 	if l == nil {
-		return p.config.KeyPrefix + topic, nil
+		key := p.config.KeyPrefix + topic
+		return key, p.partitions.checkPlain(ctx, p.config.Client, topic, key)
 	}
 	if err := p.partitions.declare(ctx, p.config.Client, topic); err != nil {
 		return "", err

@@ -3,6 +3,7 @@ package valkeystream_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -64,21 +65,49 @@ func TestPublishRoutesByPartitionKey(t *testing.T) {
 	assert.Zero(t, n0, "a partitioned topic wrote its plain stream")
 }
 
-func TestPublishSpreadsUnkeyedMessages(t *testing.T) {
+func TestPublishSpreadsUnkeyedMessagesByUUID(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)
 	const n = 4
 	pub := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = map[string]int{e.topic: n} })
-	for seq := range 40 {
-		require.NoError(t, pub.Publish(e.topic, keyed("", seq)))
+	var msgs []*message.Message
+	for seq := range 400 {
+		msgs = append(msgs, keyed("", seq))
 	}
+	require.NoError(t, pub.Publish(e.topic, msgs...))
+	// Published again (a retry after a lost answer): to the same partition.
+	require.NoError(t, pub.Publish(e.topic, msgs[7].Copy()))
 	streams, err := valkeystream.PartitionStreams(e.topic, n)
 	require.NoError(t, err)
-	for _, s := range streams {
+	for i, s := range streams {
 		l, err := e.client.XLen(context.Background(), s).Result()
 		require.NoError(t, err)
-		assert.Equal(t, int64(10), l, "unkeyed messages in %s", s)
+		// 100 each on average; a spread this uneven has odds below 1e-6.
+		assert.InDelta(t, 100, l, 40, "unkeyed messages in partition %d", i)
 	}
+	copies := 0
+	for _, m := range e.stored(streams[valkeystream.PartitionOf(msgs[7].UUID, n)]) {
+		if m.UUID == msgs[7].UUID {
+			copies++
+		}
+	}
+	assert.Equal(t, 2, copies, "the copy published again is not in its first copy's partition")
+}
+
+// A side that does not declare a partitioned topic partitioned is refused:
+// it would write to, or read, a stream no partitioned side touches.
+func TestAnUndeclaredSideOfAPartitionedTopicIsRefused(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	declared := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = map[string]int{e.topic: 4} })
+	require.NoError(t, declared.Publish(e.topic, keyed("a", 1)))
+	err := e.publisher().Publish(e.topic, keyed("a", 2))
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	assert.ErrorContains(t, err, "4 partitions")
+	_, err = e.subscriber("g", "c").Subscribe(context.Background(), e.topic)
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	_, err = e.subscriber("", "").Subscribe(context.Background(), e.topic)
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount, "fan-out")
 }
 
 func TestPartitionCountMismatchIsRefused(t *testing.T) {
@@ -232,10 +261,11 @@ func mustStreams(t *testing.T, topic string, n int) []string {
 
 // TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore cuts an owner off
 // the server (its bytes held, as a frozen process's) while its handler
-// holds a message, past PartitionOwnerTTL: another subscription takes the
-// partition over, handles the held message first and the next ones in
-// order. Healed, the old owner delivers nothing more of the partition, and
-// its late Ack takes nothing from the new owner.
+// holds a message and its queue holds the next ones, past
+// PartitionOwnerTTL: another subscription takes the partition over,
+// handles the held message first and the next ones in order. The old owner
+// hands over nothing from its queue, and healed, nothing more of the
+// partition; its late Ack takes nothing from the new owner.
 func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)
@@ -243,7 +273,7 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	proxy := testserver.NewProxy(t, e.srv.Addr())
 	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: time.Second})
 	t.Cleanup(func() { _ = cutClient.Close() })
-	a := e.subscriber("g", "a", fastRedelivery, onClient(cutClient), func(c *valkeystream.SubscriberConfig) {
+	a := e.subscriber("g", "a", fastRedelivery, onClient(cutClient), fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.Partitions = map[string]int{e.topic: 1}
 		c.PartitionOwnerTTL = 500 * time.Millisecond
 	})
@@ -260,14 +290,25 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	require.Equal(t, "0", first.Metadata.Get("seq"), "the new owner's first delivery: the entry the old one held")
 	assert.Equal(t, "2", first.Metadata.Get(valkeystream.MetadataDeliveryCount))
 
-	proxy.Heal()
-	held.Ack() // late: fenced, it takes nothing from b
+	// Still cut off, a settles the held message: its next ones, read ahead
+	// into its queue, must not be handed over (its ownership has lapsed by
+	// its own clock), although no server call stands in the way.
+	held.Ack()
+	select {
+	case m, ok := <-msgsA:
+		if ok {
+			t.Fatalf("the cut-off owner delivered seq %s from its queue after its ownership lapsed", m.Metadata.Get("seq"))
+		}
+	case <-time.After(500 * time.Millisecond):
+	}
+	proxy.Heal() // its late Ack reaches the server: fenced, it takes nothing from b
 	stream := mustStreams(t, e.topic, 1)[0]
 	time.Sleep(300 * time.Millisecond)
 	p, err := e.client.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
 	require.NoError(t, err)
-	require.Len(t, p, 1, "the old owner's late Ack took the entry from the new owner")
-	assert.Equal(t, "b", p[0].Consumer)
+	firstID := first.Metadata.Get(valkeystream.MetadataEntryID)
+	pendingFirst := slices.IndexFunc(p, func(x redis.XPendingExt) bool { return x.ID == firstID && x.Consumer == "b" })
+	require.GreaterOrEqual(t, pendingFirst, 0, "the old owner's late Ack took entry %s from the new owner: pending %v", firstID, p)
 	first.Ack()
 	seqs := []string{"0"}
 	for range 4 {
@@ -413,4 +454,63 @@ func TestAPartitionedTopicOnAClusterThroughAFailover(t *testing.T) {
 			return err == nil && p.Count == 0
 		})
 	}
+}
+
+// TestARebalanceWaitsForASlowHandler moves a partition while its handler
+// takes longer than CloseGrace: the new owner handles nothing of it until
+// that handling has ended.
+func TestARebalanceWaitsForASlowHandler(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	parts := map[string]int{e.topic: 2}
+	pub := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = parts })
+	newSub := func(name string) *valkeystream.Subscriber {
+		return e.subscriber("g", name, fastRedelivery, func(c *valkeystream.SubscriberConfig) {
+			c.Partitions = parts
+			c.PartitionOwnerTTL = 500 * time.Millisecond
+			c.CloseGrace = 100 * time.Millisecond
+		})
+	}
+	var mu sync.Mutex
+	busy := map[string]string{} // partition -> subscription handling it
+	overlaps := 0
+	var slowDone sync.Map // partition -> its first handling was slow
+	handler := func(name string) message.NoPublishHandlerFunc {
+		return func(msg *message.Message) error {
+			p := msg.Metadata.Get(valkeystream.MetadataPartition)
+			mu.Lock()
+			if other, ok := busy[p]; ok && other != name {
+				overlaps++
+			}
+			busy[p] = name
+			mu.Unlock()
+			if _, done := slowDone.LoadOrStore(p, true); !done {
+				time.Sleep(time.Second) // ten CloseGraces, while b joins: whichever partition moves is busy
+			}
+			mu.Lock()
+			delete(busy, p)
+			mu.Unlock()
+			return nil
+		}
+	}
+	a := newSub("a")
+	e.runRouter(a, handler("a"))
+	waitUntil(t, "a owns both partitions", func() bool { return len(owned(a)) == 2 })
+	for seq := range 20 {
+		require.NoError(t, pub.Publish(e.topic, keyed("k-a", seq), keyed("k-b", seq), keyed("k-c", seq)))
+	}
+	time.Sleep(100 * time.Millisecond) // the slow handling has begun
+	b := newSub("b")
+	e.runRouter(b, handler("b"))
+	waitUntil(t, "the partitions split 1/1", func() bool { return len(owned(a)) == 1 && len(owned(b)) == 1 })
+	waitUntil(t, "everything handled", func() bool {
+		n := int64(0)
+		for _, s := range mustStreams(t, e.topic, 2) {
+			n += e.pendingCount(s, "g")
+		}
+		return n == 0 && len(busy) == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Zero(t, overlaps, "two subscriptions handled one partition at once")
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -133,15 +135,14 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 		Start:    s.config.Start.id(),
 		Beat:     ttl / 20,
 		OwnerTTL: ttl,
-		// A member's entry outlives its ownerships a little, so that a
-		// subscription that died leaves the split no later than its
-		// partitions lapse.
+		// A member's entry lapses with its ownerships: a subscription that
+		// died leaves the split when its partitions become free.
 		MemberTTL: ttl,
-		Run: func(ctx context.Context, p partition.Owned) {
-			s.runPartition(ctx, topic, member, p, health, logger, out)
+		Run: func(pctx context.Context, p partition.Owned) {
+			s.runPartition(ctx, pctx, topic, member, p, health, logger, out)
 		},
 		Hints:    &s.failover,
-		Waits:    make(chan struct{}, blockingWaits(s.config.Client)),
+		Waits:    waitsOf(s.config.Client),
 		Counters: &s.stats.partitions,
 		Logger:   logger,
 	})
@@ -158,11 +159,26 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 	}, nil
 }
 
-// blockingWaits is how many of a subscription's partitions may wait for new
-// entries at once, each holding a pooled connection of client in XREAD
-// BLOCK: half its pool, so that a subscription owning more partitions than
-// that leaves connections to its reads, Acks and renewals (the others poll
-// once per BlockTime meanwhile).
+// clientWaits holds, per client value, the room for the blocking waits of
+// the partitions its subscriptions own (see blockingWaits): the pool is the
+// client's, shared by every Subscriber and Publisher on it. One small
+// channel per client ever used with a partitioned topic.
+var clientWaits sync.Map // redis.UniversalClient -> chan struct{}
+
+// waitsOf returns the room for blocking waits on client.
+func waitsOf(client redis.UniversalClient) chan struct{} {
+	if w, ok := clientWaits.Load(client); ok {
+		return w.(chan struct{})
+	}
+	w, _ := clientWaits.LoadOrStore(client, make(chan struct{}, blockingWaits(client)))
+	return w.(chan struct{})
+}
+
+// blockingWaits is how many partitions of a client's subscriptions may wait
+// for new entries at once, each holding a pooled connection in XREAD
+// BLOCK: half its pool, so that subscriptions owning more partitions than
+// that leave connections to their reads, Acks and renewals (the others
+// poll once per BlockTime meanwhile).
 func blockingWaits(client redis.UniversalClient) int {
 	size := 0
 	switch c := client.(type) {
@@ -180,10 +196,16 @@ func blockingWaits(client redis.UniversalClient) int {
 }
 
 // runPartition runs the loop of partition p while the subscription owns
-// it, and forwards its messages to out. A message no handler took when
-// the loop ends is Nacked: it stays pending for the partition's next
-// owner, which takes it over first.
-func (s *Subscriber) runPartition(ctx context.Context, topic, member string, p partition.Owned, health *subscriptionHealth,
+// it (until pctx ends), and forwards its messages to out. A message no
+// handler took when the loop ends is Nacked: it stays pending for the
+// partition's next owner, which takes it over first. A message whose
+// ownership may lapse (no renewal reached the server for nearly
+// PartitionOwnerTTL) is not handed over: the loop stops, and another
+// member may own the partition by then. When the partition moves while the
+// subscription goes on (a rebalance), it returns only once its last
+// message was settled, however long its handler takes, so that the next
+// owner never handles the partition alongside it.
+func (s *Subscriber) runPartition(subCtx, pctx context.Context, topic, member string, p partition.Owned, health *subscriptionHealth,
 	logger watermill.LoggerAdapter, out chan<- *message.Message,
 ) {
 	stream := p.Ownership.Partition().Keys().Stream
@@ -198,22 +220,41 @@ func (s *Subscriber) runPartition(ctx context.Context, topic, member string, p p
 		Handling: s.groupHandling(deadSource{topic: topic, stream: stream}, member, plog),
 		Reopen:   func(ctx context.Context) error { return p.Ownership.Partition().CreateGroup(ctx, p.Start) },
 	}
+	lctx, stop := context.WithCancel(pctx)
+	defer stop()
+	margin := s.config.PartitionOwnerTTL / 10 // two beats
 	pout := make(chan *message.Message)
 	g := loop.NewGroup(cfg, deps, pout)
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		g.Run(ctx)
+		g.Run(lctx)
 	}()
+	var last *message.Message
 	for msg := range pout {
+		if time.Now().Add(margin).After(p.Ownership.Until()) {
+			plog.Error("Not delivering a message of a partition whose ownership may lapse: no renewal reached the server in time; the partition's loop stops", nil,
+				watermill.LogFields{"message_uuid": msg.UUID, "ownership_until": p.Ownership.Until().Format(time.RFC3339Nano)})
+			stop()
+			msg.Nack()
+			continue
+		}
 		msg.Metadata.Set(MetadataPartition, strconv.Itoa(p.Index))
 		select {
 		case out <- msg:
-		case <-ctx.Done():
+			last = msg
+		case <-lctx.Done():
 			msg.Nack()
 		}
 	}
 	<-ended
+	if last != nil && subCtx.Err() == nil {
+		select {
+		case <-last.Acked():
+		case <-last.Nacked():
+		case <-subCtx.Done():
+		}
+	}
 }
 
 // MetadataPartition is set on every message of a partitioned topic: the

@@ -118,7 +118,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	if l := p.partitions.layout(topic); l != nil {
 		return p.publishPartitioned(topic, l, msgs) // see partitioned.go
 	}
-	return p.publishTo(topic, p.config.KeyPrefix+topic, msgs)
+	key := p.config.KeyPrefix + topic
+	ctx, cancel := publishContext(msgs)
+	err = p.partitions.checkPlain(ctx, p.config.Client, topic, key)
+	cancel()
+	if err != nil {
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	}
+	return p.publishTo(topic, key, msgs)
 }
 
 // publishTo writes msgs of topic to the stream key. The caller holds mu.

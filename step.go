@@ -90,11 +90,8 @@ func (st *step) publish(p *Publisher, topic string, msgs []*message.Message) err
 // add adds msgs, published by p to topic, to the step: by the handler
 // (returned false) or returned by it.
 func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returned bool) error {
-	if p.config.Client != st.src.client {
-		if st.x.config.NonAtomicFallback {
-			st.x.stats.nonAtomic.Add(1)
-			return p.Publish(topic, withoutStep(msgs)...)
-		}
+	other := p.config.Client != st.src.client
+	if other && !st.x.config.NonAtomicFallback {
 		return fmt.Errorf("%w: a message published with an exactly-once handling's context goes through a Publisher of another client than the Subscriber's: use one redis.UniversalClient for both, or set ExactlyOnceConfig.NonAtomicFallback",
 			ErrNotAtomic)
 	}
@@ -104,11 +101,22 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 	if closed {
 		return ErrPublisherClosed
 	}
+	fail := func(err error) error {
+		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	}
+	// What needs the server (trimming's verbs, a partitioned topic's
+	// declaration) is asked before the step is locked.
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
 	trim, _, err := p.trimmingOf(ctx, topic)
 	if err != nil {
-		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		return fail(err)
+	}
+	keys := make([]string, len(msgs))
+	for i, m := range msgs {
+		if keys[i], err = p.streamKeyOf(ctx, topic, m); err != nil {
+			return fail(err)
+		}
 	}
 	now := time.Now()
 	st.mu.Lock()
@@ -116,26 +124,31 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 	if st.ended && !returned {
 		return fmt.Errorf("%w: a message was published with the context of an exactly-once handling after its handler returned: publish before returning", ErrNotAtomic)
 	}
-	ops, n := st.w.ops, len(st.w.ops)
-	for _, m := range msgs {
+	if other {
+		// Kept, and published the usual way once the handler succeeded
+		// (NonAtomicFallback): never written for a handling that fails.
+		st.plain = append(st.plain, plainOutput{pub: p, topic: topic, msgs: msgs})
+		if st.crossSlot == "" {
+			st.crossSlot = "a Publisher of another client"
+		}
+		return nil
+	}
+	saved := st.w
+	restore := func(err error) error {
+		st.w.ops, st.w.keys, st.w.types, st.w.delayedTo = saved.ops, saved.keys, saved.types, saved.delayedTo
+		return err
+	}
+	for i, m := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, m)
 		if err != nil {
-			st.w.ops = ops[:n]
-			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: fmt.Errorf("encoding message %s: %w", m.UUID, err)}
+			return restore(fail(fmt.Errorf("encoding message %s: %w", m.UUID, err)))
 		}
 		wait, err := delayOf(m, now)
 		if err != nil {
-			st.w.ops = ops[:n]
-			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+			return restore(fail(err))
 		}
-		key, err := p.streamKeyOf(ctx, topic, m)
-		if err != nil {
-			st.w.ops = ops[:n]
-			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
-		}
-		if err := st.addOutput(key, trim, fields, wait); err != nil {
-			st.w.ops = ops[:n]
-			return err
+		if err := st.addOutput(keys[i], trim, fields, wait); err != nil {
+			return restore(err)
 		}
 	}
 	st.w.outputs += len(msgs)
@@ -145,6 +158,11 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 	}
 	return nil
 }
+
+// maxStepWords is the most arguments one operation of a step may have: the
+// script unpacks them, and Lua's unpack fails beyond about 8000, which
+// must be refused before the step begins to write.
+const maxStepWords = 7000
 
 // addOutput adds one message's write: an XADD to key, or, when it waits,
 // its member in key's sorted set of delayed messages. The caller holds mu.
@@ -171,6 +189,9 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 		return err
 	}
 	words := 1 + len(fields)
+	if len(fields) > maxStepWords-8 {
+		return fmt.Errorf("%w: a message of %d fields and values is too large for an exactly-once step (at most %d)", ErrNotAtomic, len(fields), maxStepWords-8)
+	}
 	if trim.on {
 		if trim.mode != "" {
 			words++
@@ -269,6 +290,9 @@ func (st *step) end() {
 	st.mu.Unlock()
 }
 
+// whyAcknowledged is the stepOutcome.why of an input found acknowledged.
+const whyAcknowledged = "acknowledged"
+
 // stepOutcome is what the step's script found.
 type stepOutcome struct {
 	committed bool
@@ -306,7 +330,7 @@ func (st *step) send(ctx context.Context) (stepOutcome, error) {
 	if len(reply) >= 3 {
 		return stepOutcome{why: fmt.Sprintf("delivered again to %v, delivery count %v", reply[1], reply[2])}, nil
 	}
-	return stepOutcome{why: "acknowledged"}, nil
+	return stepOutcome{why: whyAcknowledged}, nil
 }
 
 // committed tells the marks of the step that it committed.

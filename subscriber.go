@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -60,6 +61,7 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	config.Partitions = maps.Clone(config.Partitions) // validated: later changes by the caller have no effect
 	closing, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{
 		config:  config,
@@ -150,7 +152,9 @@ func (s *Subscriber) isClosed() bool {
 // Error).
 //
 // Messages are sent one at a time: the next one comes after the previous was
-// Acked or Nacked. Each message's context is cancelled once it is settled.
+// Acked or Nacked; on a partitioned topic, one at a time per partition the
+// subscription owns (docs/partitions.md). Each message's context is
+// cancelled once it is settled.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("valkeystream: subscribe: topic is empty")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -334,7 +335,7 @@ func (d *Driver) beat(ctx context.Context) {
 	}
 	d.renew(ctx)
 	for _, i := range mine {
-		if d.tenures[i] == nil && owners[i] == "" {
+		if d.tenures[i] == nil && (owners[i] == "" || owners[i] == d.cfg.Member) {
 			d.acquire(ctx, i)
 		}
 	}
@@ -374,29 +375,59 @@ func (d *Driver) owners(ctx context.Context) ([]string, error) {
 	return owners, nil
 }
 
-// renew renews every partition held and not lost; a renewal that finds the
-// ownership lost stops its loop.
+// renew renews every partition held and not lost, all at once (a slow node
+// delays none of the others); a renewal that finds the ownership lost
+// stops its loop. So does an ownership whose record may have lapsed by this
+// host's clock, because no renewal reached the server for nearly its TTL
+// (a cut, a stall): another member may own the partition by then, and
+// entries this one read ahead must not be delivered alongside its.
 func (d *Driver) renew(ctx context.Context) {
+	type renewal struct {
+		t       *tenure
+		retaken bool
+		err     error
+	}
+	done := make(chan renewal, len(d.tenures))
+	n := 0
 	for _, t := range d.tenures {
 		if t.lost.Load() {
 			continue
 		}
-		var retaken bool
-		err := d.call(ctx, func(ctx context.Context) (err error) {
-			retaken, err = t.o.Renew(ctx)
-			return err
-		})
+		n++
+		go func() {
+			r := renewal{t: t}
+			r.err = d.call(ctx, func(ctx context.Context) (err error) {
+				r.retaken, err = t.o.Renew(ctx)
+				return err
+			})
+			done <- r
+		}()
+	}
+	for range n {
+		r := <-done
 		switch {
-		case errors.Is(err, ErrFenced):
-			d.lose(t, err)
-		case err != nil:
-			d.cfg.Logger.Error("Renewing a partition's ownership failed; trying again on the next beat", err,
-				watermill.LogFields{"partition": t.index})
-		case retaken:
+		case errors.Is(r.err, ErrFenced):
+			d.lose(r.t, r.err)
+		case r.err != nil:
+			d.cfg.Logger.Error("Renewing a partition's ownership failed; trying again on the next beat", r.err,
+				watermill.LogFields{"partition": r.t.index})
+		case r.retaken:
 			d.cfg.Logger.Info("A partition's owner record had lapsed, and nobody had acquired it; written again",
-				watermill.LogFields{"partition": t.index})
+				watermill.LogFields{"partition": r.t.index})
 		}
 	}
+	for _, t := range d.tenures {
+		if !t.lost.Load() && d.expiring(t.o) {
+			d.lose(t, fmt.Errorf("%w: no renewal reached the server since %s, and the record may lapse at %s",
+				ErrFenced, t.o.Until().Add(-d.cfg.OwnerTTL).Format(time.RFC3339Nano), t.o.Until().Format(time.RFC3339Nano)))
+		}
+	}
+}
+
+// expiring reports whether o's record may lapse within two beats by this
+// host's clock: its loop must stop before it does.
+func (d *Driver) expiring(o *Ownership) bool {
+	return time.Now().Add(2 * d.cfg.Beat).After(o.Until())
 }
 
 // lose stops the loop of a partition whose ownership is lost, at once. It
@@ -419,6 +450,17 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 		o, err = d.parts[i].Acquire(ctx, d.cfg.Member, d.cfg.OwnerTTL)
 		return err
 	})
+	var held *HeldError
+	if errors.As(err, &held) && held.Holder.Member == d.cfg.Member {
+		// This member's own record without a tenure: an acquisition whose
+		// reply was lost, or one this driver gave up (lapsing). Released,
+		// so that the next beat acquires the partition afresh (hand-over
+		// included), instead of leaving it unhandled until it lapses.
+		rerr := d.call(ctx, d.parts[i].Adopt(held.Holder, d.cfg.OwnerTTL).Release)
+		d.cfg.Logger.Info("Found this member's own record on a partition it does not handle; released it, to acquire it again",
+			watermill.LogFields{"partition": i, "record": held.Holder.String(), "release_error": fmt.Sprint(rerr)})
+		return
+	}
 	if errors.Is(err, ErrHeld) {
 		d.cfg.Logger.Debug("A partition given to this member is held; acquiring it once it is released or lapses",
 			watermill.LogFields{"partition": i, "error": err.Error()})
@@ -510,15 +552,27 @@ func (d *Driver) handOver(ctx context.Context, t *tenure) error {
 // is released, whether it was stopped or its loop ended on its own (the
 // next beat acquires it again if it is still this member's).
 func (d *Driver) ended(ctx context.Context, t *tenure) {
+	if d.forget(ctx, t) {
+		d.release(ctx, t)
+	}
+}
+
+// forget drops the tenure of a partition whose goroutine ended, and
+// reports whether it is to be released (it was not lost).
+func (d *Driver) forget(ctx context.Context, t *tenure) bool {
 	delete(d.tenures, t.index)
-	defer d.publish()
+	d.publish()
 	if t.lost.Load() {
-		return
+		return false
 	}
 	if !t.stopping && ctx.Err() == nil {
 		d.cfg.Logger.Error("A partition's loop ended on its own; releasing the partition", nil, watermill.LogFields{"partition": t.index})
 	}
-	// Released also when ctx has just ended (close releases the rest).
+	return true
+}
+
+// release releases t's partition, also when ctx has just ended (Close).
+func (d *Driver) release(ctx context.Context, t *tenure) {
 	err := d.call(context.WithoutCancel(ctx), t.o.Release)
 	switch {
 	case errors.Is(err, ErrFenced):
@@ -534,7 +588,9 @@ func (d *Driver) ended(ctx context.Context, t *tenure) {
 }
 
 // close stops every loop, leaves the membership, renews while the loops
-// finish, and releases each partition once its loop has ended.
+// finish, and releases each partition once its loop has ended, the
+// releases side by side (against a server that does not answer, Close
+// takes one call's bound, not one per partition).
 func (d *Driver) close(ctx context.Context, ticker *time.Ticker) {
 	for _, t := range d.tenures {
 		t.stopping = true
@@ -543,10 +599,18 @@ func (d *Driver) close(ctx context.Context, ticker *time.Ticker) {
 	if err := d.call(ctx, func(ctx context.Context) error { return d.members.Leave(ctx, d.cfg.Member) }); err != nil {
 		d.cfg.Logger.Error("Leaving the membership failed; peers move this member's partitions once it expires", err, nil)
 	}
+	var releases sync.WaitGroup
+	defer releases.Wait()
 	for len(d.tenures) > 0 {
 		select {
 		case t := <-d.finished:
-			d.ended(ctx, t)
+			if d.forget(ctx, t) {
+				releases.Add(1)
+				go func() {
+					defer releases.Done()
+					d.release(ctx, t)
+				}()
+			}
 		case <-ticker.C:
 			d.renew(ctx)
 		case <-d.halted:
@@ -567,11 +631,12 @@ func (d *Driver) publish() {
 	d.counted = int64(len(owned))
 }
 
-// call runs f with a context bounded by OwnerTTL (a call later than that
-// is of no use to an ownership), returning when ctx ends whatever the
+// call runs f with a context bounded by a quarter of OwnerTTL (so that one
+// slow call leaves time for the renewals, and a Close against a server
+// that does not answer ends), returning when ctx ends whatever the
 // client's options (see internal/bounded).
 func (d *Driver) call(ctx context.Context, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.OwnerTTL)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.OwnerTTL/4)
 	defer cancel()
 	var err error
 	if berr := bounded.Call(ctx, func() { err = f(ctx) }); berr != nil {

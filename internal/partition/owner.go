@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,6 +94,7 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 // also the owner's consumer name in the partition stream's group; it may
 // hold any character (the epoch follows the record's last ':').
 func (p *Partition) Acquire(ctx context.Context, member string, ttl time.Duration) (*Ownership, error) {
+	sent := time.Now()
 	reply, err := acquireScript.Run(ctx, p.client, []string{p.keys.Owner, p.keys.Epoch}, member, ttl.Milliseconds()).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("partition: acquiring %q: %w", p.keys.Owner, err)
@@ -100,7 +102,7 @@ func (p *Partition) Acquire(ctx context.Context, member string, ttl time.Duratio
 	if len(reply) == 2 && reply[0] == int64(1) {
 		epoch, ok := reply[1].(int64)
 		if ok {
-			return &Ownership{p: p, token: Token{Member: member, Epoch: epoch}, ttl: ttl}, nil
+			return newOwnership(p, Token{Member: member, Epoch: epoch}, ttl, sent), nil
 		}
 	}
 	if len(reply) == 3 && reply[0] == int64(0) {
@@ -145,7 +147,23 @@ type Ownership struct {
 	p     *Partition
 	token Token
 	ttl   time.Duration
+	// until is when the record lapses at the earliest, in unix
+	// nanoseconds by this host's clock: the send time of the acquisition
+	// or of the last renewal that succeeded, plus the TTL.
+	until atomic.Int64
 }
+
+// newOwnership returns the ownership of token on p, whose record was
+// written with ttl by a call sent at sent.
+func newOwnership(p *Partition, token Token, ttl time.Duration, sent time.Time) *Ownership {
+	o := &Ownership{p: p, token: token, ttl: ttl}
+	o.until.Store(sent.Add(ttl).UnixNano())
+	return o
+}
+
+// Until returns the earliest time the owner record may lapse: after it,
+// another member may own the partition, whatever this one's calls found.
+func (o *Ownership) Until() time.Time { return time.Unix(0, o.until.Load()) }
 
 // Token returns the ownership's token.
 func (o *Ownership) Token() Token { return o.token }
@@ -167,6 +185,7 @@ func (o *Ownership) fenced(op string) error {
 // true (the calls refused meanwhile changed nothing). Otherwise a lost
 // ownership is an error wrapping ErrFenced.
 func (o *Ownership) Renew(ctx context.Context) (retaken bool, err error) {
+	sent := time.Now()
 	state, err := renewScript.Run(ctx, o.p.client, []string{o.p.keys.Owner, o.p.keys.Epoch},
 		o.token.String(), o.ttl.Milliseconds(), o.token.Epoch).Int64()
 	switch {
@@ -175,7 +194,15 @@ func (o *Ownership) Renew(ctx context.Context) (retaken bool, err error) {
 	case state == 0:
 		return false, o.fenced("renewal")
 	}
+	o.until.Store(sent.Add(o.ttl).UnixNano())
 	return state == 2, nil
+}
+
+// Adopt returns the ownership of the record token holds on p, written by
+// this member with ttl in a call whose reply was lost: so that it can be
+// released.
+func (p *Partition) Adopt(token Token, ttl time.Duration) *Ownership {
+	return newOwnership(p, token, ttl, time.Time{})
 }
 
 // Release deletes the owner record, so that the next member acquires the

@@ -139,7 +139,9 @@ func (x *ExactlyOnce) Stats() ExactlyOnceStats {
 // the router publishes nothing itself; its Ack afterwards sends no XACK.
 //
 // Add it last (innermost, next to the handler): each attempt of
-// middleware.Retry then has a step of its own. When h fails, nothing it
+// middleware.Retry then has a step of its own. A Retry (or a DeadLetter)
+// inside it would gather the outputs of every attempt, the failed ones
+// included, into the one step it commits. When h fails, nothing it
 // published is written. When the step finds the
 // input no longer this delivery's (see ExactlyOnceStats.Superseded), it
 // writes nothing and the handling succeeds. A Deduplicator inside or

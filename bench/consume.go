@@ -82,7 +82,8 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 		}
 		return err
 	}
-	if err := b.timeConsume(ctx, tr, consume, settled); err != nil {
+	alloc, err := b.timeConsume(ctx, tr, consume, settled)
+	if err != nil {
 		return sample{}, fmt.Errorf("%s on %s: %w", sd.name, topic, err)
 	}
 	s := sample{
@@ -93,8 +94,8 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 		nacks:      tr.nacked.Load(),
 		deliveries: tr.delivered.Load(),
 		tail:       tr.tail(),
-		allocs:     tr.allocs,
-		allocBytes: tr.allocBytes,
+		allocs:     alloc.objects,
+		allocBytes: alloc.bytes,
 	}
 	s.redeliveryMean, s.redeliveryMax = tr.redeliveryWait()
 	if err := sc.close(); err != nil {
@@ -104,10 +105,11 @@ func (b *bench) runConsume(ctx context.Context, scn scenario, sd side, c corpus)
 }
 
 // timeConsume starts the clock and runs consume until every message of tr
-// succeeded. Then, with consume still running, it calls settled (if not
+// succeeded, and returns what the process allocated until then. Then, with consume still running, it calls settled (if not
 // nil), which checks that the side's last Acks reached the server; then it
 // stops consume and waits for it. An error of consume ends the run at once.
-func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(context.Context) error, settled func() error) error {
+func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(context.Context) error, settled func() error) (allocCount, error) {
+	var alloc allocCount
 	waitCtx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	runCtx, stop := context.WithCancel(ctx)
@@ -125,7 +127,7 @@ func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(conte
 	err := tr.wait(waitCtx, b.cfg.stall)
 	if err == nil {
 		endObjects, endBytes := allocCounter()
-		tr.allocs, tr.allocBytes = endObjects-objects, endBytes-bytes
+		alloc = allocCount{objects: endObjects - objects, bytes: endBytes - bytes}
 	}
 	if err == nil && settled != nil {
 		err = settled()
@@ -134,7 +136,7 @@ func (b *bench) timeConsume(ctx context.Context, tr *tracker, consume func(conte
 	if consumeErr := <-done; err == nil {
 		err = consumeErr
 	}
-	return err
+	return alloc, err
 }
 
 // consumeChannel reads from the Subscribe channel and settles each message

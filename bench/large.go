@@ -81,7 +81,7 @@ func runChild(spec childRun) error {
 	}
 	b := &bench{cfg: config{stall: spec.Stall}}
 	tr := newTracker(c, false)
-	err = b.timeConsume(ctx, tr, func(ctx context.Context) error {
+	_, err = b.timeConsume(ctx, tr, func(ctx context.Context) error {
 		return consumeRouter(ctx, sub, spec.Topic, tr, false)
 	}, nil)
 	if err != nil {

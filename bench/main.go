@@ -329,7 +329,7 @@ func run(args []string) error {
 
 	rep := report{
 		cfg: cfg, machine: mach, server: srv.describe(), scenarios: picked,
-		res: b.res, memory: b.memory, latency: b.latency, topics: b.topics, scale: b.scale, rtts: b.rtts,
+		res: b.res, samples: samples{memory: b.memory, latency: b.latency, topics: b.topics, scale: b.scale}, rtts: b.rtts,
 		wall: time.Since(began), leaks: leaks,
 	}
 	return rep.write()

@@ -117,7 +117,7 @@ func (b *bench) runMemory(ctx context.Context, n int) (memorySample, error) {
 	baseLive, baseHeap, baseAllocs, baseGCs := readHeap()
 	sampler := startHeapSampler(5 * time.Millisecond)
 	var pending int64
-	err = b.timeConsume(ctx, tr, func(ctx context.Context) error {
+	_, err = b.timeConsume(ctx, tr, func(ctx context.Context) error {
 		return consumeChannel(ctx, sub, topic, tr, false)
 	}, func() error {
 		var err error

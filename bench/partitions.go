@@ -400,11 +400,11 @@ type scaleKey struct {
 // of subscriptions, its runs, and its ratio to linear scaling from one
 // subscription (the median rate of one times the count).
 func (r report) writeScale(w *strings.Builder) {
-	if len(r.scale) == 0 {
+	if len(r.samples.scale) == 0 {
 		return
 	}
 	runs := map[scaleKey][]scaleSample{}
-	for _, s := range r.scale {
+	for _, s := range r.samples.scale {
 		k := scaleKey{s.scenario, s.delay, s.subs}
 		runs[k] = append(runs[k], s)
 	}

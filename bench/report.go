@@ -17,14 +17,19 @@ type report struct {
 	server    string
 	scenarios []scenario
 	res       *results
-	memory    []memorySample
-	latency   []latencySample
-	topics    []topicsSample
-	scale     []scaleSample
+	samples   samples
 	rtts      map[time.Duration]time.Duration // round trip measured at each delay
 	wall      time.Duration
 	leaks     string
 	date      time.Time
+}
+
+// samples are what the scenarios other than throughput measured.
+type samples struct {
+	memory  []memorySample
+	latency []latencySample
+	topics  []topicsSample
+	scale   []scaleSample
 }
 
 // write writes the Markdown to cfg.out (standard output when empty) and the
@@ -230,7 +235,7 @@ func (r report) writeNack(w *strings.Builder) {
 }
 
 func (r report) writeMemory(w *strings.Builder) {
-	if len(r.memory) == 0 {
+	if len(r.samples.memory) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "### Memory\n\nA valkeystream subscriber consumes a pre-filled backlog of %d-byte\n"+
@@ -244,14 +249,14 @@ func (r report) writeMemory(w *strings.Builder) {
 		"the live heap, books included.\n\n", memorySize)
 	w.WriteString("| backlog | round trip | msg/s | live heap at start | live heap growth (peak) | heap objects growth (peak) | allocated per message | GC cycles |\n")
 	w.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, m := range r.memory {
+	for _, m := range r.samples.memory {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d |\n",
 			groupThousands(int64(m.n)), formatDuration(m.rtt), formatRate(m.rate()), formatBytes(int64(m.baseLive)),
 			formatBytes(m.liveGrowth()), formatBytes(m.heapGrowth()),
 			formatBytes(int64(m.allocs)/int64(m.n)), m.gcs)
 	}
-	if len(r.memory) > 1 && r.memory[0].delay == r.memory[len(r.memory)-1].delay {
-		first, last := r.memory[0], r.memory[len(r.memory)-1]
+	if len(r.samples.memory) > 1 && r.samples.memory[0].delay == r.samples.memory[len(r.samples.memory)-1].delay {
+		first, last := r.samples.memory[0], r.samples.memory[len(r.samples.memory)-1]
 		fmt.Fprintf(w, "\nLive heap growth: %s with a backlog of %s, %s with %s (%.0f× the backlog).\n",
 			formatBytes(first.liveGrowth()), groupThousands(int64(first.n)),
 			formatBytes(last.liveGrowth()), groupThousands(int64(last.n)), float64(last.n)/float64(first.n))
@@ -283,17 +288,17 @@ func (r report) writeChecks(w *strings.Builder) {
 			}
 		}
 	}
-	for _, l := range r.latency {
+	for _, l := range r.samples.latency {
 		if l.dups > 0 {
 			lines = append(lines, fmt.Sprintf("| latency %d msg/s, round trip %s | %s | %d B | %d | – |", l.rate, r.rttCell(l.delay), l.side, latencySize, l.dups))
 		}
 	}
-	for _, t := range r.topics {
+	for _, t := range r.samples.topics {
 		if t.dups > 0 {
 			lines = append(lines, fmt.Sprintf("| many-topics %d, round trip %s | %s | %d B | %d | – |", t.topics, r.rttCell(t.delay), t.side, latencySize, t.dups))
 		}
 	}
-	for _, m := range r.memory {
+	for _, m := range r.samples.memory {
 		if m.duplicates > 0 || m.pending > 0 {
 			lines = append(lines, fmt.Sprintf("| memory %d | %s | %d B | %d | %d |", m.n, sideValkeystream, memorySize, m.duplicates, m.pending))
 		}

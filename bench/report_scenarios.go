@@ -17,11 +17,11 @@ type latencyKey struct {
 }
 
 func (r report) writeLatency(w *strings.Builder) {
-	if len(r.latency) == 0 {
+	if len(r.samples.latency) == 0 {
 		return
 	}
 	runs := map[latencyKey][]latencySample{}
-	for _, l := range r.latency {
+	for _, l := range r.samples.latency {
 		k := latencyKey{l.delay, l.rate, l.side}
 		runs[k] = append(runs[k], l)
 	}
@@ -125,7 +125,7 @@ func (r report) writeLarge(w *strings.Builder) {
 }
 
 func (r report) writeTopics(w *strings.Builder) {
-	if len(r.topics) == 0 {
+	if len(r.samples.topics) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "### Many topics\n\n"+
@@ -143,7 +143,7 @@ func (r report) writeTopics(w *strings.Builder) {
 		r.cfg.topicStart, latencySize, r.cfg.topicPeriod, plural(r.cfg.topicRounds, "period"))
 	w.WriteString("| topics | round trip | side | start | p50 | p99 | max | connections (pool) | pool timeouts | server connections |\n")
 	w.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, t := range r.topics {
+	for _, t := range r.samples.topics {
 		start, p50, p99, most := formatDuration(t.startTime), "–", "–", "–"
 		if t.allStarted() {
 			p50, p99, most = formatDuration(t.stats.p50), formatDuration(t.stats.p99), formatDuration(t.stats.max)

@@ -61,10 +61,10 @@ func testReport(t *testing.T) report {
 		server:    "Redis 7.0.15 (private, non-persistent, on loopback)",
 		scenarios: scenarios,
 		res:       res,
-		memory: []memorySample{
+		samples: samples{memory: []memorySample{
 			{n: 200000, elapsed: 2 * time.Second, baseLive: 2 << 20, peakLive: 3 << 20, allocs: 200000 * 1500},
 			{n: 1000000, elapsed: 10 * time.Second, baseLive: 9 << 20, peakLive: 10 << 20, allocs: 1000000 * 1500},
-		},
+		}},
 		wall: 3 * time.Minute,
 		date: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC),
 	}
@@ -235,11 +235,11 @@ func TestMarkdownOfDistancesLatencyLargeAndTopics(t *testing.T) {
 	r.rtts[ms] = 1100 * time.Microsecond
 	r.res.add(key{"consume-router", sideValkeystream, 64, ms}, sample{n: 1000, elapsed: 100 * ms})
 	r.res.add(key{"consume-large", sideIncumbent, 1 << 20, ms}, sample{n: 64, elapsed: 2 * time.Second, peakRSS: 30 << 20})
-	r.latency = []latencySample{
+	r.samples.latency = []latencySample{
 		{side: sideValkeystream, rate: 1000, delay: ms, achieved: 999, stats: latencyStats{n: 5000, p50: 2 * ms, p99: 4 * ms, max: 9 * ms}},
 		{side: sideIncumbent, rate: 1000, delay: ms, achieved: 1000, stats: latencyStats{n: 5000, p50: 3 * ms, p99: 8 * ms, max: 20 * ms}},
 	}
-	r.topics = []topicsSample{
+	r.samples.topics = []topicsSample{
 		{side: sideValkeystream, topics: 100, delay: 0, started: 100, startTime: 800 * ms, sent: 500,
 			stats: latencyStats{n: 500, p50: ms, p99: 3 * ms, max: 5 * ms}, poolSize: 20, peakConns: 4, serverConns: 105},
 		{side: sideIncumbent, topics: 1000, delay: ms, started: 175, startTime: 30 * time.Second, poolSize: 20, peakConns: 20, poolTimeouts: 12},

@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// allocCount is how many heap objects and bytes a process allocated.
+type allocCount struct{ objects, bytes uint64 }
+
 // A tracker keeps the books of one consume run: which messages of the corpus
 // were delivered and which succeeded (were Acked), how often, and when. It is
 // safe for concurrent use, since a router may run handlers concurrently.
@@ -33,10 +36,6 @@ type tracker struct {
 	redeliverySum atomic.Int64
 	redeliveries  atomic.Int64
 	redeliveryMax atomic.Int64
-
-	// heap objects and bytes the process allocated from begin until every
-	// message succeeded (set by timeConsume)
-	allocs, allocBytes uint64
 
 	done     chan struct{} // closed when every message succeeded
 	doneOnce sync.Once

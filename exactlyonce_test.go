@@ -39,24 +39,7 @@ func (e *env) runTransform(sub message.Subscriber, pub message.Publisher, out st
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
 	require.NoError(e.t, err)
 	router.AddHandler("transform", e.topic, sub, out, pub, h).AddMiddleware(mw...)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(context.Background()) }()
-	select {
-	case <-router.Running():
-	case err := <-done:
-		e.t.Fatalf("router stopped before running: %v", err)
-	case <-time.After(receiveTimeout):
-		e.t.Fatalf("router not running within %s", receiveTimeout)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			require.NoError(e.t, router.Close())
-			require.NoError(e.t, <-done)
-		})
-	}
-	e.t.Cleanup(stop)
-	return stop
+	return e.startRouter(router)
 }
 
 // outputOf is the transform of the tests: one output per input, with the

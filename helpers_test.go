@@ -346,6 +346,12 @@ func (e *env) runRouter(sub message.Subscriber, h message.NoPublishHandlerFunc, 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
 	require.NoError(e.t, err)
 	router.AddConsumerHandler("handler", e.topic, sub, h).AddMiddleware(mw...)
+	return e.startRouter(router)
+}
+
+// startRouter runs router until the returned stop, or the test's end.
+func (e *env) startRouter(router *message.Router) (stop func()) {
+	e.t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- router.Run(context.Background()) }()
 	select {

@@ -334,42 +334,7 @@ func (b *bench) cleanupStreams(ctx context.Context, streams []string) {
 // side's rate and allocations per message, and each partitioned side's
 // rate over the plain topic's, with the paired ratios of each repetition.
 func (r report) writePartitionCost(w *strings.Builder) {
-	var rows []string
-	for _, scn := range r.scenarios {
-		if !scn.isPartitionCost() {
-			continue
-		}
-		for _, size := range r.cfg.allSizes() {
-			for _, delay := range r.cfg.delays {
-				plainKey := key{scn.id, sideValkeystream, size, delay}
-				plain, plainOK := r.res.medianRate(plainKey)
-				for _, name := range scn.sides {
-					k := key{scn.id, name, size, delay}
-					rate, ok := r.res.medianRate(k)
-					if !ok {
-						continue
-					}
-					cost, paired := "–", "–"
-					if name != sideValkeystream && plainOK {
-						cost = "**" + formatRatio(ratio(rate, plain)) + "**"
-						without, with := r.res.samples[plainKey], r.res.samples[k]
-						ps := make([]float64, min(len(without), len(with)))
-						for i := range ps {
-							ps[i] = ratio(with[i].rate(), without[i].rate())
-						}
-						if len(ps) > 0 {
-							paired = formatRatio(slices.Min(ps)) + " to " + formatRatio(slices.Max(ps))
-						}
-					}
-					lo, hi := r.res.rateRange(k)
-					objects, bytes := r.res.allocsPerMessage(k)
-					rows = append(rows, fmt.Sprintf("| %d B | %s | %s | %s | %s to %s | %.0f | %s | %s | %s |",
-						size, r.rttCell(delay), name, formatRate(rate), formatRate(lo), formatRate(hi),
-						objects, formatBytes(int64(bytes)), cost, paired))
-				}
-			}
-		}
-	}
+	rows := r.costRows(scenario.isPartitionCost, func(name string) bool { return name != sideValkeystream })
 	if len(rows) == 0 {
 		return
 	}

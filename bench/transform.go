@@ -190,28 +190,28 @@ func allocCounter() (objects, bytes uint64) {
 	return ms.Mallocs, ms.TotalAlloc
 }
 
-// writeExactlyOnceCost reports, for the transform scenario, each side's
-// rate and allocations per message, and exactly-once's rate over the plain
-// valkeystream side's at each distance, from the medians, with the spread
-// of the paired runs of each repetition.
-func (r report) writeExactlyOnceCost(w *strings.Builder) {
+// costRows returns the rows of a cost table: for every scenario scn picks,
+// each side's median rate, its range and allocations per message, and for
+// each side compared picks, its rate over the plain valkeystream side's,
+// with the spread of the paired runs of each repetition.
+func (r report) costRows(scn func(scenario) bool, compared func(side string) bool) []string {
 	var rows []string
-	for _, scn := range r.scenarios {
-		if !scn.transform {
+	for _, sc := range r.scenarios {
+		if !scn(sc) {
 			continue
 		}
 		for _, size := range r.cfg.allSizes() {
 			for _, delay := range r.cfg.delays {
-				plainKey := key{scn.id, sideValkeystream, size, delay}
+				plainKey := key{sc.id, sideValkeystream, size, delay}
 				plain, plainOK := r.res.medianRate(plainKey)
-				for _, name := range scn.sides {
-					k := key{scn.id, name, size, delay}
+				for _, name := range sc.sides {
+					k := key{sc.id, name, size, delay}
 					rate, ok := r.res.medianRate(k)
 					if !ok {
 						continue
 					}
 					cost, paired := "–", "–"
-					if name == sideExactlyOnce && plainOK {
+					if compared(name) && plainOK {
 						cost = "**" + formatRatio(ratio(rate, plain)) + "**"
 						without, with := r.res.samples[plainKey], r.res.samples[k]
 						ps := make([]float64, min(len(without), len(with)))
@@ -231,6 +231,15 @@ func (r report) writeExactlyOnceCost(w *strings.Builder) {
 			}
 		}
 	}
+	return rows
+}
+
+// writeExactlyOnceCost reports, for the transform scenario, each side's
+// rate and allocations per message, and exactly-once's rate over the plain
+// valkeystream side's at each distance, from the medians, with the spread
+// of the paired runs of each repetition.
+func (r report) writeExactlyOnceCost(w *strings.Builder) {
+	rows := r.costRows(func(scn scenario) bool { return scn.transform }, func(name string) bool { return name == sideExactlyOnce })
 	if len(rows) == 0 {
 		return
 	}

@@ -539,6 +539,16 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 		// (docs/server-verbs.md).
 		args = append(args, "-baseline-verbs")
 	}
+	w.start(t, a.bin, args)
+	a.all = append(a.all, w)
+	return w
+}
+
+// start starts the worker process bin with args, its output to its log
+// file and its standard input a pipe the test holds (closing it stops the
+// worker cleanly).
+func (w *crashWorker) start(t *testing.T, bin string, args []string) {
+	t.Helper()
 	logFile, err := os.Create(w.logPath)
 	require.NoError(t, err)
 	defer logFile.Close()
@@ -546,7 +556,7 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 	require.NoError(t, err)
 	defer stdinR.Close()
 	w.stdin = stdinW
-	w.cmd = exec.Command(a.bin, args...)
+	w.cmd = exec.Command(bin, args...)
 	w.cmd.Stdin = stdinR
 	w.cmd.Stdout = logFile
 	w.cmd.Stderr = logFile
@@ -555,8 +565,6 @@ func (a *crashAudit) spawn(name string) *crashWorker {
 		w.waitErr = w.cmd.Wait()
 		close(w.done)
 	}()
-	a.all = append(a.all, w)
-	return w
 }
 
 // kill sends SIGKILL to the worker, waits until it is gone, and classifies
@@ -604,8 +612,13 @@ func (a *crashAudit) kill(w *crashWorker) {
 }
 
 // stop asks the worker to stop gracefully and waits for it.
-func (a *crashAudit) stop(w *crashWorker) {
-	t := a.t
+func (a *crashAudit) stop(w *crashWorker) { w.stop(a.t) }
+
+// killAll kills every worker still running (on failure paths).
+func (a *crashAudit) killAll() { killWorkers(a.all) }
+
+// stop asks w to stop gracefully (its stdin closes) and waits for it.
+func (w *crashWorker) stop(t *testing.T) {
 	t.Helper()
 	_ = w.stdin.Close()
 	select {
@@ -616,9 +629,9 @@ func (a *crashAudit) stop(w *crashWorker) {
 	require.NoError(t, w.waitErr, "worker %s (run %d) did not stop cleanly\n%s", w.name, w.gen, crashLogTail(w.logPath))
 }
 
-// killAll kills every worker still running (on failure paths).
-func (a *crashAudit) killAll() {
-	for _, w := range a.all {
+// killWorkers kills every worker of all still running.
+func killWorkers(all []*crashWorker) {
+	for _, w := range all {
 		if !w.exited() {
 			_ = w.cmd.Process.Kill()
 			<-w.done

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -428,22 +427,7 @@ func (a *crashPartitioned) spawn(name string) *crashWorker {
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
-	logFile, err := os.Create(w.logPath)
-	require.NoError(t, err)
-	defer logFile.Close()
-	stdinR, stdinW, err := os.Pipe()
-	require.NoError(t, err)
-	defer stdinR.Close()
-	w.stdin = stdinW
-	w.cmd = exec.Command(a.bin, args...)
-	w.cmd.Stdin = stdinR
-	w.cmd.Stdout = logFile
-	w.cmd.Stderr = logFile
-	require.NoError(t, w.cmd.Start(), "starting the worker")
-	go func() {
-		w.waitErr = w.cmd.Wait()
-		close(w.done)
-	}()
+	w.start(t, a.bin, args)
 	a.all = append(a.all, w)
 	return w
 }
@@ -531,27 +515,10 @@ func (a *crashPartitioned) ownerRecords() []string {
 }
 
 // stop asks the worker to stop gracefully and waits for it.
-func (a *crashPartitioned) stop(w *crashWorker) {
-	t := a.t
-	t.Helper()
-	_ = w.stdin.Close()
-	select {
-	case <-w.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("worker %s (run %d) did not stop within 30 s of its stdin closing\n%s", w.name, w.gen, crashLogTail(w.logPath))
-	}
-	require.NoError(t, w.waitErr, "worker %s (run %d) did not stop cleanly\n%s", w.name, w.gen, crashLogTail(w.logPath))
-}
+func (a *crashPartitioned) stop(w *crashWorker) { w.stop(a.t) }
 
-func (a *crashPartitioned) killAll() {
-	for _, w := range a.all {
-		if !w.exited() {
-			_ = w.cmd.Process.Kill()
-			<-w.done
-		}
-		_ = w.stdin.Close()
-	}
-}
+// killAll kills every worker still running (on failure paths).
+func (a *crashPartitioned) killAll() { killWorkers(a.all) }
 
 func (a *crashPartitioned) readLedgers() {
 	for _, w := range a.all {

@@ -214,10 +214,11 @@ func TestSubscribeStartsInOneRoundTrip(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	// At a distance from the server each round trip of Subscribe is its
-	// time: the door, the script check, the lease and the question which
-	// newer verbs the server has go in one.
+	// time: the door, the script check, the lease, whether the topic is
+	// partitioned and the question which newer verbs the server has go in
+	// one.
 	require.NotEmpty(t, trips)
-	assert.Equal(t, []string{"xgroup", "eval", "eval", "eval", "command"}, trips[0])
+	assert.Equal(t, []string{"xgroup", "eval", "eval", "eval", "get", "command"}, trips[0])
 }
 
 func TestAFailedDoorReleasesTheLeaseItTook(t *testing.T) {

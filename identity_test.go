@@ -446,7 +446,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	topic := e.topic
 	delayedKey, err := valkeystream.DelayedKey(topic)
 	require.NoError(t, err)
-	rules := []string{"on", ">secret", "resetkeys", "~" + topic, "~" + topic + ".dead", "~" + topic + ":lease:*",
+	rules := []string{"on", ">secret", "resetkeys", "~" + topic, "~" + topic + ".dead", "~" + topic + ":lease:*", "~" + topic + ":partitions",
 		"~" + delayedKey, "resetchannels", "-@all",
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+xinfo|groups", "+exists", "+evalsha", "+eval",

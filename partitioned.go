@@ -111,7 +111,9 @@ func (t *partitionedTopics) checkPlain(ctx context.Context, client redis.Univers
 	}
 	n, err := client.Get(ctx, partition.DeclarationKey(key)).Result()
 	switch {
-	case errors.Is(err, redis.Nil):
+	case errors.Is(err, redis.Nil) || noPermission(err):
+		// Without permission on the key (an ACL written before
+		// partitions), the topic is taken for a plain one, unchecked.
 		t.plain.Store(topic, true)
 		return nil
 	case err != nil:
@@ -119,6 +121,10 @@ func (t *partitionedTopics) checkPlain(ctx context.Context, client redis.Univers
 	}
 	return notDeclaredError(topic, key, n)
 }
+
+// noPermission reports whether err is the server's refusal of a user's
+// call (an ACL).
+func noPermission(err error) bool { return redis.HasErrorPrefix(err, "NOPERM") }
 
 // notDeclaredError is the error of a side that uses topic, whose stream key
 // is key, as a plain topic although the server holds its partition count n.

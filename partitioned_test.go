@@ -514,3 +514,22 @@ func TestARebalanceWaitsForASlowHandler(t *testing.T) {
 	defer mu.Unlock()
 	assert.Zero(t, overlaps, "two subscriptions handled one partition at once")
 }
+
+// A user whose ACL predates partitions (no permission on the topic's
+// partitions key) still publishes: the check is skipped.
+func TestAPublisherWithoutPermissionOnThePartitionsKeyPublishes(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.client.Do(ctx, "ACL", "SETUSER", "old-acl", "on", ">secret", "resetkeys", "~"+e.topic,
+		"resetchannels", "-@all", "+xadd", "+get").Err())
+	t.Cleanup(func() { _ = e.client.Do(context.Background(), "ACL", "DELUSER", "old-acl").Err() })
+	app := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: "old-acl", Password: "secret", DisableIdentity: true})
+	t.Cleanup(func() { _ = app.Close() })
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish(e.topic, keyed("", 1)))
+	n, err := e.client.XLen(ctx, e.topic).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+}

@@ -145,7 +145,7 @@ func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error
 	switch {
 	case err == nil:
 		return "", notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
-	case !errors.Is(err, redis.Nil):
+	case !errors.Is(err, redis.Nil) && !noPermission(err):
 		return "", fmt.Errorf("valkeystream: checking whether stream %q is a partitioned topic: %w", key, err)
 	}
 	if s.config.Start == StartHead {

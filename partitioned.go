@@ -133,8 +133,9 @@ func notDeclaredError(topic, key, n string) error {
 		ErrPartitionCount, topic, n, partition.DeclarationKey(key))
 }
 
-// partitionOf returns the partition of msg on topic: of its key, or the
-// next one in turn for a message without a key.
+// partitionOf returns the partition of msg on topic: of its key, or of its
+// UUID for a message without one (the next in turn when it has no UUID
+// either).
 func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.Message) int {
 	var key string
 	if p.config.PartitionKey != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -177,27 +176,14 @@ func (p *Publisher) publishDelayed(topic, key string, msgs []*message.Message, p
 	}
 	ctx, cancel := publishContext(msgs)
 	defer cancel()
-	trimBy, trimTo, mode := "", "", ""
-	if r, ok := p.config.Retention[topic]; ok {
-		switch {
-		case r.MaxLen > 0:
-			trimBy, trimTo = "MAXLEN", strconv.FormatInt(r.MaxLen, 10)
-		case r.MaxAge > 0:
-			if oldest := time.Now().Add(-r.MaxAge).UnixMilli(); oldest > 0 {
-				trimBy, trimTo = "MINID", strconv.FormatInt(oldest, 10)
-			}
-		}
-		if trimBy != "" && !r.DropUnacknowledged {
-			verbs, err := p.serverVerbs(ctx)
-			if err != nil {
-				p.failover.Failed(p.config.Client, err)
-				return fail(err)
-			}
-			mode = p.trimMode(topic, r, verbs)
-		}
+	trim, _, err := p.trimmingOf(ctx, topic)
+	if err != nil {
+		p.failover.Failed(p.config.Client, err)
+		return fail(err)
 	}
+	trimBy, trimTo := trim.by()
 	args := make([]any, 0, 3+2*len(msgs))
-	args = append(args, trimBy, trimTo, mode)
+	args = append(args, trimBy, trimTo, trim.mode)
 	for i, m := range msgs {
 		fields, err := p.config.Marshaler.Marshal(topic, m)
 		if err != nil {

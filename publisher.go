@@ -243,6 +243,33 @@ func (t trimming) apply(a *redis.XAddArgs) {
 	}
 }
 
+// by returns the trimming's strategy and threshold: "MAXLEN" and the
+// length, "MINID" and the id, or two empty strings for none.
+func (t trimming) by() (strategy, threshold string) {
+	switch {
+	case !t.on:
+	case t.maxLen > 0:
+		return "MAXLEN", strconv.FormatInt(t.maxLen, 10)
+	case t.minID != "":
+		return "MINID", t.minID
+	}
+	return "", ""
+}
+
+// words returns the XADD arguments of the trimming, between the key and
+// the id (for scripts, which build their XADDs themselves): the mode, the
+// strategy, "~" and the threshold.
+func (t trimming) words() []any {
+	strategy, threshold := t.by()
+	if strategy == "" {
+		return nil
+	}
+	if t.mode != "" {
+		return []any{t.mode, strategy, "~", threshold}
+	}
+	return []any{strategy, "~", threshold}
+}
+
 // failed is told the error of a failed call: after one that a failover
 // causes, the Publisher helps the client find the new master and finds out
 // the server's verbs again.

@@ -188,30 +188,12 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 	if err != nil {
 		return err
 	}
-	words := 1 + len(fields)
 	if len(fields) > maxStepWords-8 {
 		return fmt.Errorf("%w: a message of %d fields and values is too large for an exactly-once step (at most %d)", ErrNotAtomic, len(fields), maxStepWords-8)
 	}
-	if trim.on {
-		if trim.mode != "" {
-			words++
-		}
-		if trim.maxLen > 0 || trim.minID != "" {
-			words += 3
-		}
-	}
-	st.w.ops = append(st.w.ops, "XADD", i, words)
-	if trim.on {
-		if trim.mode != "" {
-			st.w.ops = append(st.w.ops, trim.mode)
-		}
-		switch {
-		case trim.maxLen > 0:
-			st.w.ops = append(st.w.ops, "MAXLEN", "~", trim.maxLen)
-		case trim.minID != "":
-			st.w.ops = append(st.w.ops, "MINID", "~", trim.minID)
-		}
-	}
+	tw := trim.words()
+	st.w.ops = append(st.w.ops, "XADD", i, len(tw)+1+len(fields))
+	st.w.ops = append(st.w.ops, tw...)
 	st.w.ops = append(st.w.ops, "*")
 	st.w.ops = append(st.w.ops, fields...)
 	return nil

@@ -49,16 +49,15 @@ func PartitionStreams(stream string, n int) ([]string, error) {
 // partitioned topics, and whether their count was declared on the server.
 type partitionedTopics struct {
 	layouts  map[string]*partition.Layout // by topic
-	spread   map[string]*partition.Spreader
-	declared sync.Map // topic -> true once the server has its count
-	plain    sync.Map // topic -> true once the server said it is not partitioned
+	declared sync.Map                     // topic -> true once the server has its count
+	plain    sync.Map                     // topic -> true once the server said it is not partitioned
 }
 
 // newPartitionedTopics returns the layouts of counts (topic -> partitions)
 // on the stream keys prefix + topic; field names the config field, for
 // errors.
 func newPartitionedTopics(counts map[string]int, prefix, field string) (*partitionedTopics, error) {
-	t := &partitionedTopics{layouts: map[string]*partition.Layout{}, spread: map[string]*partition.Spreader{}}
+	t := &partitionedTopics{layouts: map[string]*partition.Layout{}}
 	for topic, n := range counts {
 		if topic == "" {
 			return nil, fmt.Errorf("%w: %s has an empty topic", ErrInvalidConfig, field)
@@ -68,7 +67,6 @@ func newPartitionedTopics(counts map[string]int, prefix, field string) (*partiti
 			return nil, fmt.Errorf("%w: %s[%q]: %w", ErrInvalidConfig, field, topic, err)
 		}
 		t.layouts[topic] = l
-		t.spread[topic] = partition.NewSpreader(n)
 	}
 	return t, nil
 }
@@ -88,17 +86,17 @@ func (t *partitionedTopics) declare(ctx context.Context, client redis.Scripter, 
 	if _, ok := t.declared.Load(topic); ok {
 		return nil
 	}
-	l := t.layouts[topic]
-	if err := l.Declare(ctx, client); err != nil {
-		var mismatch *partition.CountMismatchError
-		if errors.As(err, &mismatch) {
-			return fmt.Errorf("%w: topic %q is declared with %d partitions on the server (key %q), this one with %d: every Publisher and Subscriber of a topic must declare one count; changing it is a migration (docs/partitions.md)",
-				ErrPartitionCount, topic, mismatch.Declared, partition.DeclarationKey(l.Topic()), mismatch.Asked)
-		}
-		return fmt.Errorf("declaring the partition count of topic %q: %w", topic, err)
+	if err := declarePartitions(ctx, client, topic, t.layouts[topic]); err != nil {
+		return err
 	}
 	t.declared.Store(topic, true)
 	return nil
+}
+
+// knownPlain reports whether the server said topic is not partitioned.
+func (t *partitionedTopics) knownPlain(topic string) bool {
+	_, ok := t.plain.Load(topic)
+	return ok
 }
 
 // checkPlain returns an error wrapping ErrPartitionCount when the server
@@ -106,20 +104,32 @@ func (t *partitionedTopics) declare(ctx context.Context, client redis.Scripter, 
 // does not declare partitioned: its messages would go to (or be read from)
 // a stream no partitioned side reads. Asked once per topic.
 func (t *partitionedTopics) checkPlain(ctx context.Context, client redis.UniversalClient, topic, key string) error {
-	if _, ok := t.plain.Load(topic); ok {
+	if t.knownPlain(topic) {
 		return nil
 	}
-	n, err := client.Get(ctx, partition.DeclarationKey(key)).Result()
+	n, declared, err := declaredCount(ctx, client, key)
 	switch {
-	case errors.Is(err, redis.Nil) || noPermission(err):
-		// Without permission on the key (an ACL written before
-		// partitions), the topic is taken for a plain one, unchecked.
-		t.plain.Store(topic, true)
-		return nil
 	case err != nil:
 		return fmt.Errorf("valkeystream: checking whether topic %q is partitioned (%q): %w", topic, partition.DeclarationKey(key), err)
+	case declared:
+		return notDeclaredError(topic, key, n)
 	}
-	return notDeclaredError(topic, key, n)
+	t.plain.Store(topic, true)
+	return nil
+}
+
+// declaredCount returns the partition count the server holds for the
+// stream key key, if it holds one. Without permission on the key (an ACL
+// written before partitions) the topic is taken for a plain one, unchecked.
+func declaredCount(ctx context.Context, client redis.UniversalClient, key string) (n string, declared bool, err error) {
+	n, err = client.Get(ctx, partition.DeclarationKey(key)).Result()
+	switch {
+	case errors.Is(err, redis.Nil) || noPermission(err):
+		return "", false, nil
+	case err != nil:
+		return "", false, err
+	}
+	return n, true, nil
 }
 
 // noPermission reports whether err is the server's refusal of a user's
@@ -134,8 +144,7 @@ func notDeclaredError(topic, key, n string) error {
 }
 
 // partitionOf returns the partition of msg on topic: of its key, or of its
-// UUID for a message without one (the next in turn when it has no UUID
-// either).
+// UUID for a message without one.
 func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.Message) int {
 	var key string
 	if p.config.PartitionKey != nil {
@@ -143,16 +152,13 @@ func (p *Publisher) partitionOf(topic string, l *partition.Layout, msg *message.
 	} else {
 		key = msg.Metadata.Get(MetadataPartitionKey)
 	}
-	switch {
-	case key != "":
-		return partition.Of(key, l.N())
-	case msg.UUID != "":
-		// No key: by the UUID, which spreads as evenly as turns do and
-		// sends a message published again to the same partition (so
-		// that IdempotentWindow and a Deduplicator catch the copy).
-		return partition.Of(msg.UUID, l.N())
+	if key == "" {
+		// No key: by the UUID, which spreads evenly and sends a message
+		// published again to the same partition (so that
+		// IdempotentWindow and a Deduplicator catch the copy).
+		key = msg.UUID
 	}
-	return p.partitions.spread[topic].Next()
+	return partition.Of(key, l.N())
 }
 
 // publishPartitioned writes msgs to the partitions of topic, each

@@ -65,7 +65,8 @@ func (s *Subscriber) partitionLayout(topic string) (*partition.Layout, error) {
 }
 
 // declarePartitions makes sure the server holds l's partition count for
-// topic (see partitionedTopics.declare).
+// topic: the first Publisher or Subscriber of a topic stores it, and one
+// that declares another count gets an error naming both.
 func declarePartitions(ctx context.Context, client redis.Scripter, topic string, l *partition.Layout) error {
 	err := l.Declare(ctx, client)
 	var mismatch *partition.CountMismatchError

@@ -119,11 +119,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 		return p.publishPartitioned(topic, l, msgs) // see partitioned.go
 	}
 	key := p.config.KeyPrefix + topic
-	ctx, cancel := publishContext(msgs)
-	err = p.partitions.checkPlain(ctx, p.config.Client, topic, key)
-	cancel()
-	if err != nil {
-		return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+	if !p.partitions.knownPlain(topic) { // the first Publish of topic only
+		ctx, cancel := publishContext(msgs)
+		err = p.partitions.checkPlain(ctx, p.config.Client, topic, key)
+		cancel()
+		if err != nil {
+			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
 	}
 	return p.publishTo(topic, key, msgs)
 }

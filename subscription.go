@@ -13,7 +13,6 @@ import (
 
 	"github.com/echomq/valkeystream/internal/bounded"
 	"github.com/echomq/valkeystream/internal/loop"
-	"github.com/echomq/valkeystream/internal/partition"
 )
 
 // A subscription's loop runs in internal/loop: this file hands it the
@@ -141,12 +140,12 @@ func (s *Subscriber) newFanOut(key, start string, health *subscriptionHealth, lo
 // into the id of the last entry now, so that nothing added after Subscribe
 // returns is missed.
 func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error) {
-	n, err := s.config.Client.Get(ctx, partition.DeclarationKey(key)).Result()
+	n, declared, err := declaredCount(ctx, s.config.Client, key)
 	switch {
-	case err == nil:
-		return "", notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
-	case !errors.Is(err, redis.Nil) && !noPermission(err):
+	case err != nil:
 		return "", fmt.Errorf("valkeystream: checking whether stream %q is a partitioned topic: %w", key, err)
+	case declared:
+		return "", notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
 	}
 	if s.config.Start == StartHead {
 		return "0-0", nil

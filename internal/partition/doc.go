@@ -7,8 +7,8 @@
 //
 // A topic of n partitions puts a message with a key in partition [Of]: the
 // FNV-1a 32-bit hash of the key's UTF-8 bytes, modulo n (the doc of Of has
-// the algorithm, for producers in other languages). Messages without a key
-// go round-robin from a random start ([Spreader]).
+// the algorithm, for producers in other languages). The Publisher routes a
+// message without a key by its UUID, with the same hash.
 //
 // # Layout
 //

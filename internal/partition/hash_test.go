@@ -1,9 +1,6 @@
 package partition
 
-import (
-	"sync"
-	"testing"
-)
+import "testing"
 
 // The values were computed apart from this code, with the Python lines in
 // the doc of Of, so that a producer in another language is held to the same
@@ -34,43 +31,5 @@ func TestOfPinsFNV1aModuloN(t *testing.T) {
 		if got := Of(tt.key, 1<<31); got != int(tt.hash%(1<<31)) {
 			t.Errorf("Of(%q, 1<<31) = %d, want the hash %#x without its top bit", tt.key, got, tt.hash)
 		}
-	}
-}
-
-// Messages without a key go round-robin: every partition gets its share,
-// also from many goroutines at once.
-func TestSpreaderSpreadsEvenly(t *testing.T) {
-	const n, rounds, workers = 12, 50, 4
-	s := NewSpreader(n)
-	counts := make([]int, n)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range n * rounds / workers {
-				p := s.Next()
-				mu.Lock()
-				counts[p]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	for p, c := range counts {
-		if c != rounds {
-			t.Errorf("partition %d got %d messages, want %d", p, c, rounds)
-		}
-	}
-}
-
-func TestSpreaderStartsAtRandom(t *testing.T) {
-	starts := map[int]bool{}
-	for range 200 {
-		starts[NewSpreader(8).Next()] = true
-	}
-	if len(starts) < 4 {
-		t.Errorf("200 spreaders began at %d different partitions, want them spread over 8", len(starts))
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	delayed "github.com/echomq/valkeystream/internal/delay"
+	"github.com/echomq/valkeystream/internal/slot"
 
 	"github.com/echomq/valkeystream/internal/loop"
 )
@@ -79,13 +80,7 @@ func slotTag(streamKey string) (string, error) {
 
 // hasHashTag reports whether a cluster hashes only part of key: a '{'
 // followed, later, by a '}' with at least one byte between them.
-func hasHashTag(key string) bool {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return false
-	}
-	return strings.IndexByte(key[open+1:], '}') > 0
-}
+func hasHashTag(key string) bool { return slot.HasTag(key) }
 
 // delayOf returns how long msg must wait before it is due, according to its
 // delay metadata at now: 0 for a message without delay metadata or one

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
@@ -255,7 +256,10 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 			x.logger.Error("Outputs committed with their input, but not confirmed by enough replicas", err,
 				watermill.LogFields{"message_uuid": msg.UUID, "entry_id": st.d.ID, "stream": st.d.Stream})
 			return nil
-		case ctx.Err() != nil || !retryable(err):
+		case ctx.Err() != nil || !failover.Symptom(err):
+			// A reply of the script, or the caller's own end: sending it
+			// again would get the same. A connection error or a failover
+			// hides whether it ran; sent again, it finds out.
 			x.stats.failed.Add(1)
 			st.abort()
 			return fmt.Errorf("valkeystream: committing the outputs of message %s with its Ack (entry %s of %q, group %q): %w; it comes back",
@@ -303,20 +307,6 @@ func withoutStep(msgs []*message.Message) []*message.Message {
 		out[i] = c
 	}
 	return out
-}
-
-// retryable reports whether a failed step may be sent again: after a
-// connection error or a failover symptom, not after a reply of the script.
-func retryable(err error) bool {
-	if errors.Is(err, redis.ErrClosed) {
-		return false
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return redis.HasErrorPrefix(err, "LOADING") || redis.HasErrorPrefix(err, "READONLY") ||
-			redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "TRYAGAIN") || redis.HasErrorPrefix(err, "CLUSTERDOWN")
-	}
-	return true
 }
 
 // stepSource is what a group subscription puts in its messages' contexts

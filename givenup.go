@@ -44,3 +44,10 @@ func markGivenUp(msg *message.Message) {
 		flag.Store(true)
 	}
 }
+
+// isGivenUp reports whether a DeadLetter or DeliveryLimit raised the
+// given-up flag of the delivery whose context is ctx.
+func isGivenUp(ctx context.Context) bool {
+	flag, ok := ctx.Value(givenUpKey{}).(*atomic.Bool)
+	return ok && flag.Load()
+}

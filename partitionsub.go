@@ -223,7 +223,6 @@ func (s *Subscriber) runPartition(subCtx, pctx context.Context, topic, member st
 	}
 	lctx, stop := context.WithCancel(pctx)
 	defer stop()
-	margin := s.config.PartitionOwnerTTL / 10 // two beats
 	pout := make(chan *message.Message)
 	g := loop.NewGroup(cfg, deps, pout)
 	ended := make(chan struct{})
@@ -233,7 +232,7 @@ func (s *Subscriber) runPartition(subCtx, pctx context.Context, topic, member st
 	}()
 	var last *message.Message
 	for msg := range pout {
-		if time.Now().Add(margin).After(p.Ownership.Until()) {
+		if p.Expiring() {
 			plog.Error("Not delivering a message of a partition whose ownership may lapse: no renewal reached the server in time; the partition's loop stops", nil,
 				watermill.LogFields{"message_uuid": msg.UUID, "ownership_until": p.Ownership.Until().Format(time.RFC3339Nano)})
 			stop()

@@ -431,10 +431,3 @@ func markOf(ctx context.Context) *pendingMark {
 	m, _ := ctx.Value(pendingMarkKey{}).(*pendingMark)
 	return m
 }
-
-// isGivenUp reports whether a DeadLetter or DeliveryLimit inside gave up
-// on the handling whose context is ctx (givenup.go).
-func isGivenUp(ctx context.Context) bool {
-	flag, ok := ctx.Value(givenUpKey{}).(*atomic.Bool)
-	return ok && flag.Load()
-}

@@ -132,6 +132,11 @@ type Owned struct {
 	// Start is DriverConfig.Start, for the group door of a loop (see
 	// Partition.CreateGroup).
 	Start string
+	// Expiring reports whether the ownership's record may lapse soon by
+	// this host's clock (no renewal reached the server for nearly the
+	// TTL): no message of the partition may be handed over then. The
+	// driver stops the loop on its next beat; this answers in between.
+	Expiring func() bool
 }
 
 // LoopConfig returns template for the partition: its stream, the group
@@ -480,7 +485,8 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 		defer func() { d.finished <- t }() // buffered: one per partition
 		defer cancel()
 		if d.prepare(pctx, t) {
-			d.cfg.Run(pctx, Owned{Index: i, Ownership: o, Server: srv, Start: d.cfg.Start})
+			d.cfg.Run(pctx, Owned{Index: i, Ownership: o, Server: srv, Start: d.cfg.Start,
+				Expiring: func() bool { return d.expiring(o) }})
 		}
 	}()
 }

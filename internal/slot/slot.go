@@ -11,6 +11,9 @@ func Of(key string) int {
 	return int(crc16(Tag(key)) % Count)
 }
 
+// HasTag reports whether a cluster hashes only part of key: its hash tag.
+func HasTag(key string) bool { return Tag(key) != key }
+
 // Tag returns the part of key that a cluster hashes: the bytes between the
 // first '{' and the first '}' after it, when there is at least one byte
 // between them; otherwise the whole key.

@@ -179,6 +179,12 @@ func consumeRouter(ctx context.Context, sub message.Subscriber, topic string, tr
 		}
 		return errNack
 	})
+	return runUntilDone(ctx, router)
+}
+
+// runUntilDone runs router until ctx ends (the run's last message succeeded),
+// then closes it; a router that stops before is an error.
+func runUntilDone(ctx context.Context, router *message.Router) error {
 	ran := make(chan error, 1)
 	go func() { ran <- router.Run(ctx) }()
 	select {

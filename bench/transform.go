@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -152,22 +151,7 @@ func consumeTransform(ctx context.Context, setup transformSetup, topic string, t
 			}
 			return []*message.Message{transformOutput(msg)}, nil
 		}).AddMiddleware(append([]message.HandlerMiddleware{bookCommitted(tr)}, setup.middleware...)...)
-	ran := make(chan error, 1)
-	go func() { ran <- router.Run(ctx) }()
-	select {
-	case <-ctx.Done():
-	case err := <-ran:
-		if err == nil {
-			err = errors.New("the router stopped before every message arrived")
-		}
-		return fmt.Errorf("running the router: %w", err)
-	}
-	closeErr := router.Close()
-	runErr := <-ran
-	if err := errors.Join(closeErr, runErr); err != nil {
-		return fmt.Errorf("closing the router: %w", err)
-	}
-	return nil
+	return runUntilDone(ctx, router)
 }
 
 // checkOutputs compares the entries of topic's output topic with the n

@@ -132,19 +132,10 @@ func NewGroup(cfg Config, deps Deps, out chan *message.Message) *Group {
 		pre:     newPrefetch(cfg.BatchSize, cfg.PrefetchWindow, cfg.ReadAheadBytes),
 		acks:    newAcks(cfg.AckFlushInterval, deps.Counters, deps.Logger),
 		hold:    newHoldBeat(cfg.ClaimMinIdle),
-		later:   newLater(deferredRoom(cfg), &deps.Counters.Nacks.Deferred),
+		later:   newLater(int(cfg.BatchSize), &deps.Counters.Nacks.Deferred),
 		nackLog: logLimit{every: nackLogEvery},
 		retries: retries{faults: deps.Counters, logger: deps.Logger, health: deps.Health, failover: deps.Server.Failed},
 	}
-}
-
-// deferredRoom is how many entries a loop of cfg defers at most: none when
-// it keeps the stream's order.
-func deferredRoom(cfg Config) int {
-	if cfg.Ordered {
-		return 0
-	}
-	return int(cfg.BatchSize)
 }
 
 // Run delivers until ctx ends, or until it cannot go on, then sends the Acks

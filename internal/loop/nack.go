@@ -24,6 +24,9 @@ const nackLogEvery = 10 * time.Second
 func (l *Group) nacked(ctx context.Context, msg *message.Message, e entry) (*entry, bool) {
 	l.deps.Counters.Nacked.Add(1)
 	v := verdictOf(msg)
+	if l.cfg.Ordered {
+		v.after = 0 // a retry-after would let the next entries pass it
+	}
 	if ctx.Err() != nil {
 		// Nacked while the subscription ends: a peer takes it, when it is
 		// due if it was deferred.

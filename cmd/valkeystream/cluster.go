@@ -81,22 +81,37 @@ func isClusterNode(ctx context.Context, c *redis.Client) bool {
 // scanStreams returns up to limit stream keys starting with prefix, sorted:
 // on a cluster, those of every master.
 func scanStreams(ctx context.Context, c redis.UniversalClient, prefix string, limit int) ([]string, error) {
-	cc, ok := c.(*redis.ClusterClient)
-	if !ok {
-		return scanNode(ctx, c, prefix, limit)
-	}
-	var mu sync.Mutex
-	var all []string
-	err := cc.ForEachMaster(ctx, func(ctx context.Context, master *redis.Client) error {
-		keys, err := scanNode(ctx, master, prefix, limit)
-		mu.Lock()
-		all = append(all, keys...)
-		mu.Unlock()
-		return err
+	all, err := onEveryNode(ctx, c, func(ctx context.Context, node redis.Cmdable) ([]string, error) {
+		return scanNode(ctx, node, prefix, limit)
 	})
 	if err != nil {
 		return nil, err
 	}
-	slices.Sort(all)
 	return all[:min(limit, len(all))], nil
+}
+
+// onEveryNode returns the keys scan finds on c, sorted and without
+// repeats: on a cluster, on every master.
+func onEveryNode(ctx context.Context, c redis.UniversalClient, scan func(context.Context, redis.Cmdable) ([]string, error)) ([]string, error) {
+	var all []string
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, master *redis.Client) error {
+			keys, err := scan(ctx, master)
+			mu.Lock()
+			all = append(all, keys...)
+			mu.Unlock()
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if all, err = scan(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(all)
+	return slices.Compact(all), nil
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -336,25 +335,5 @@ func scanKeys(ctx context.Context, c redis.UniversalClient, match string) ([]str
 			}
 		}
 	}
-	var all []string
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, master *redis.Client) error {
-			keys, err := scan(ctx, master)
-			mu.Lock()
-			all = append(all, keys...)
-			mu.Unlock()
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-	} else {
-		var err error
-		if all, err = scan(ctx, c); err != nil {
-			return nil, err
-		}
-	}
-	slices.Sort(all)
-	return slices.Compact(all), nil
+	return onEveryNode(ctx, c, scan)
 }

@@ -291,7 +291,7 @@ func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (Cl
 	if err != nil {
 		return ClaimedBack{}, err
 	}
-	return parseClaimBack(reply)
+	return ParseClaimBack(reply)
 }
 
 // Failed tells the failover hints of the user's client and of the reader.

@@ -36,7 +36,7 @@ func TestNackClaimIsIdempotent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("try %d: %v", try, err)
 		}
-		r, err := parseClaimBack(reply)
+		r, err := ParseClaimBack(reply)
 		if err != nil {
 			t.Fatalf("try %d: %v", try, err)
 		}

@@ -34,7 +34,7 @@ func parseAutoClaim(reply []any) (Claimed, error) {
 		e := Entry{ID: id}
 		if pair[1] != nil {
 			var err error
-			if e.Fields, err = fieldMap(pair[1]); err != nil {
+			if e.Fields, err = FieldMap(pair[1]); err != nil {
 				return Claimed{}, err
 			}
 		}
@@ -51,8 +51,8 @@ func parseAutoClaim(reply []any) (Claimed, error) {
 	return c, nil
 }
 
-// fieldMap turns an entry's field list (or map, in RESP3) into a map.
-func fieldMap(v any) (map[string]any, error) {
+// FieldMap turns an entry's field list (or map, in RESP3) into a map.
+func FieldMap(v any) (map[string]any, error) {
 	switch f := v.(type) {
 	case []any:
 		if len(f)%2 != 0 {
@@ -82,8 +82,9 @@ func fieldMap(v any) (map[string]any, error) {
 	}
 }
 
-// parseClaimBack reads the reply of claimBackScript.
-func parseClaimBack(reply []any) (ClaimedBack, error) {
+// ParseClaimBack reads the reply of the Nack claim script: {status[,
+// count, fields]} (also a partition's fenced one, after its "ok").
+func ParseClaimBack(reply []any) (ClaimedBack, error) {
 	if len(reply) == 0 {
 		return ClaimedBack{}, fmt.Errorf("empty reply to the nack claim")
 	}
@@ -102,7 +103,7 @@ func parseClaimBack(reply []any) (ClaimedBack, error) {
 	if !ok {
 		return ClaimedBack{}, fmt.Errorf("unexpected delivery count %v in the reply to the nack claim", reply[1])
 	}
-	fields, err := fieldMap(reply[2])
+	fields, err := FieldMap(reply[2])
 	if err != nil {
 		return ClaimedBack{}, err
 	}

@@ -301,7 +301,7 @@ func (o *Ownership) ClaimBack(ctx context.Context, id string, count int64) (loop
 	if err != nil {
 		return loop.ClaimedBack{}, err
 	}
-	return parseClaimBack(rest)
+	return loop.ParseClaimBack(rest)
 }
 
 // HandBack resets the idle time of ids to idle, on the owner's own name,

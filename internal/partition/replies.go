@@ -91,28 +91,11 @@ func parseEntry(item any) (loop.Entry, error) {
 	e := loop.Entry{ID: id}
 	if pair[1] != nil {
 		var err error
-		if e.Fields, err = fieldMap(pair[1]); err != nil {
+		if e.Fields, err = loop.FieldMap(pair[1]); err != nil {
 			return loop.Entry{}, err
 		}
 	}
 	return e, nil
-}
-
-// fieldMap turns an entry's field list into a map.
-func fieldMap(v any) (map[string]any, error) {
-	f, ok := v.([]any)
-	if !ok || len(f)%2 != 0 {
-		return nil, fmt.Errorf("partition: unexpected entry fields %v", v)
-	}
-	m := make(map[string]any, len(f)/2)
-	for i := 0; i < len(f); i += 2 {
-		k, ok := f[i].(string)
-		if !ok {
-			return nil, fmt.Errorf("partition: entry field name of type %T", f[i])
-		}
-		m[k] = f[i+1]
-	}
-	return m, nil
 }
 
 // parseCount reads {n}.
@@ -143,27 +126,4 @@ func parseCounts(rest []any, want int) ([]int64, error) {
 		counts[i] = n
 	}
 	return counts, nil
-}
-
-// parseClaimBack reads {status[, count, fields]}.
-func parseClaimBack(rest []any) (loop.ClaimedBack, error) {
-	var status string
-	if len(rest) > 0 {
-		status, _ = rest[0].(string)
-	}
-	switch {
-	case (status == "gone" || status == "taken" || status == "missing") && len(rest) == 1:
-		return loop.ClaimedBack{Status: status}, nil
-	case status == "ok" && len(rest) == 3:
-		count, ok := rest[1].(int64)
-		if !ok {
-			break
-		}
-		fields, err := fieldMap(rest[2])
-		if err != nil {
-			return loop.ClaimedBack{}, err
-		}
-		return loop.ClaimedBack{Status: status, Count: count, Fields: fields}, nil
-	}
-	return loop.ClaimedBack{}, fmt.Errorf("partition: unexpected reply to the nack claim: %v", rest)
 }

@@ -93,6 +93,8 @@ type NackStats struct {
 	// were delivered, to come back when due. RetryLaterFallbacks counts
 	// those that found the subscription's deferred set full (BatchSize
 	// entries) and were Nacked plainly instead (waiting NackResendDelay).
+	// On a partitioned topic a RetryAfter is a plain Nack, counted in
+	// neither.
 	RetriesLater        int64
 	RetryLaterFallbacks int64
 	// GivenUp counts messages whose handler gave up on them ([GiveUp],

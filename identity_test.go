@@ -451,7 +451,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		"+xadd", "+xgroup|create", "+xgroup|delconsumer", "+xreadgroup", "+xautoclaim", "+xack", "+xclaim",
 		"+xpending", "+xrange", "+xinfo|consumers", "+xinfo|groups", "+exists", "+evalsha", "+eval",
 		"+get", "+set", "+pexpire", "+pttl", "+del", "+time", "+zadd", "+zrangebyscore", "+zrem",
-		"+client|id", "+client|unblock",
+		"+client|id", "+client|unblock", "+multi", "+exec",
 		// Idempotent publishing and Retention (docs/design.md#permissions).
 		"~{" + topic + "}:idmp:*", "+command|docs", "+info"}
 	if verbsOf(t, e.client).IdempotentAdd {

@@ -276,8 +276,9 @@ func (r *serverCrashRun) connectionIDs(ctx context.Context) ([]string, error) {
 type crashWindow struct {
 	name   string
 	spans  int
-	errors []int64 // Error log lines, per subscription
-	faults []int64 // Stats().Faults, per subscription
+	errors []int64  // Error log lines, per subscription
+	faults []int64  // Stats().Faults, per subscription
+	lines  [][2]int // the window's kept Error lines, [from, to) per subscription
 }
 
 func (r *serverCrashRun) run(disruptions []serverDisruption) {
@@ -361,7 +362,9 @@ func (r *serverCrashRun) run(disruptions []serverDisruption) {
 			if w.errors == nil {
 				w.errors = make([]int64, len(r.subs))
 				w.faults = make([]int64, len(r.subs))
+				w.lines = make([][2]int, len(r.subs))
 			}
+			w.lines[i][(1+sign)/2] = len(s.log.lines())
 			w.errors[i] += sign * s.log.errors()
 			w.faults[i] += sign * s.sub.Stats().Faults
 		}
@@ -444,7 +447,7 @@ func (r *serverCrashRun) run(disruptions []serverDisruption) {
 		t.Logf("%-45s error log lines per subscription %v, failed calls %v", w.name+":", w.errors, w.faults)
 		for i, s := range r.subs {
 			assert.LessOrEqual(t, w.errors[i], int64(w.spans*maxErrorLinesPerDisruption),
-				"%s: subscription %s logged too many errors (first lines: %s)", w.name, s.consumer, s.log.first(5))
+				"%s: subscription %s logged too many errors; its lines in this window:\n%s", w.name, s.consumer, strings.Join(s.log.lines()[w.lines[i][0]:w.lines[i][1]], "\n"))
 			assert.LessOrEqual(t, w.faults[i], int64(w.spans*maxFaultsPerDisruption),
 				"%s: subscription %s failed too many calls: a loop must back off", w.name, s.consumer)
 		}

@@ -242,19 +242,28 @@ func TestCloseEndsManyIdleSharedSubscriptionsAtOnce(t *testing.T) {
 
 func TestSubscriptionsReadOnTheirOwnWithoutClientUnblock(t *testing.T) {
 	testserver.Parallel(t)
-	e := newEnv(t)
-	// CLIENT ID allowed, CLIENT UNBLOCK not: written so that Redis 6.2,
-	// which cannot deny one subcommand (-client|unblock), takes it too.
-	sub := limitedSubscriber(t, e, "no-unblock", "-client", "+client|id")
-	var chans []<-chan *message.Message
-	for i := range 2 {
-		ch := e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
-		chans = append(chans, ch)
-	}
-	waitUntil(t, "each subscription blocks on its own", func() bool { return e.blockedReads() == 2 })
-	pub := e.publisher()
-	for i, ch := range chans {
-		passOne(t, pub, fmt.Sprintf("%s-%d", e.topic, i), ch)
+	for name, deny := range map[string][]string{
+		// CLIENT ID allowed, CLIENT UNBLOCK not: written so that Redis 6.2,
+		// which cannot deny one subcommand (-client|unblock), takes it too.
+		"no-unblock": {"-client", "+client|id"},
+		// The interrupt's transaction (see docs/design.md "Shared reads").
+		"no-multi": {"-multi"},
+		"no-exec":  {"-exec"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			sub := limitedSubscriber(t, e, name, deny...)
+			var chans []<-chan *message.Message
+			for i := range 2 {
+				ch := e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
+				chans = append(chans, ch)
+			}
+			waitUntil(t, "each subscription blocks on its own", func() bool { return e.blockedReads() == 2 })
+			pub := e.publisher()
+			for i, ch := range chans {
+				passOne(t, pub, fmt.Sprintf("%s-%d", e.topic, i), ch)
+			}
+		})
 	}
 }
 

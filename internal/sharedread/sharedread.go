@@ -22,6 +22,18 @@
 // reached the server yet) is sent again shortly, while the same read is
 // still outstanding. At most one interrupt is asked per read.
 //
+// The UNBLOCK goes in a transaction with a write that changes nothing
+// (MULTI, XACK <key> <group> 0-0, CLIENT UNBLOCK <id>, EXEC): while clients
+// are paused (CLIENT PAUSE WRITE or ALL, and the pauses of FAILOVER, of a
+// cluster's manual failover and of a SHUTDOWN that waits for replicas), a
+// read sent during the pause waits on the server as a postponed command, and
+// a CLIENT UNBLOCK of it crashes Redis 7.0 and Valkey 8.0 and older ("Unknown
+// btype in replyToBlockedClientTimedOut"; Redis 8.0.6 and the newer ones
+// answer 0, which would be re-sent for the whole pause). A read is postponed
+// only while a pause holds writes back, and then so is a transaction with a
+// write in it: the UNBLOCK runs after the pause, when no read is postponed
+// any more.
+//
 // A subscription that holds nothing waits until its next claim beat (at
 // least BlockTime; for ever with NoReclaim), since nothing else needs its
 // loop meanwhile, and ends its wait at once when its context ends.
@@ -56,6 +68,7 @@ package sharedread
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,6 +131,8 @@ type reader struct {
 	conn     readConn // see newReader
 	consumer string
 	logger   watermill.LoggerAdapter
+
+	key string // a stream of its first member, for the write of each interrupt
 
 	mu      sync.Mutex
 	connID  int64 // CLIENT ID of the connection, learned when it connects
@@ -207,7 +222,7 @@ func (reg *Registry) Join(ctx context.Context, consumer, key string) *Member {
 			return m
 		}
 	}
-	r, err := reg.newReader(ctx, consumer)
+	r, err := reg.newReader(ctx, consumer, key)
 	if err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
 			reg.off = true
@@ -229,12 +244,14 @@ func (reg *Registry) Join(ctx context.Context, consumer, key string) *Member {
 	return m
 }
 
-// newReader connects a shared reader and checks that the client may
-// interrupt it: its connection learns its CLIENT ID, and the user's client
-// sends CLIENT UNBLOCK for it (answered 0: nothing is blocked yet).
-func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, error) {
+// newReader connects a shared reader for the subscription of stream key
+// and checks that the client may interrupt it: its connection learns its
+// CLIENT ID, and the user's client sends the interrupt for it (answered 0:
+// nothing is blocked yet).
+func (reg *Registry) newReader(ctx context.Context, consumer, key string) (*reader, error) {
 	r := &reader{
 		reg:      reg,
+		key:      key,
 		consumer: consumer,
 		logger:   reg.logger.With(watermill.LogFields{"consumer_group": reg.group, "consumer": consumer}),
 		members:  map[string]*Member{},
@@ -257,12 +274,57 @@ func (reg *Registry) newReader(ctx context.Context, consumer string) (*reader, e
 		_ = r.conn.Close()
 		return nil, err
 	}
-	if err := reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Err(); err != nil {
+	// EXEC alone first (answered "EXEC without MULTI"): a transaction whose
+	// EXEC is refused would leave its pooled connection inside MULTI, and
+	// the client's next command on it would be queued, not run.
+	if err := reg.client.Do(ctx, "EXEC").Err(); err == nil || !isRedisError(err) || redis.HasErrorPrefix(err, "NOPERM") {
+		r.sig.stopNow()
+		_ = r.conn.Close()
+		if err == nil {
+			err = errors.New("EXEC outside a transaction was answered without an error")
+		}
+		return nil, err
+	}
+	if _, err := r.interrupt(ctx); err != nil {
 		r.sig.stopNow()
 		_ = r.conn.Close()
 		return nil, err
 	}
 	return r, nil
+}
+
+// isRedisError reports whether err is the server's error reply, not a
+// failure to reach it.
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// interrupt sends the transaction that ends the reader's blocked read (see
+// the package doc) and returns what CLIENT UNBLOCK answered: 1 when it
+// ended a read, 0 when no read was blocked. An error names a refused
+// command with its NOPERM.
+func (r *reader) interrupt(ctx context.Context) (int64, error) {
+	var ack, unblock *redis.IntCmd
+	_, err := r.reg.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		// The id 0-0 is never an entry's: this XACK acknowledges nothing
+		// (and answers 0 where the stream or the group is gone).
+		ack = p.XAck(ctx, r.key, r.reg.group, "0-0")
+		unblock = p.ClientUnblock(ctx, r.id())
+		return nil
+	})
+	for _, cmd := range []*redis.IntCmd{ack, unblock} {
+		if cmd != nil && redis.HasErrorPrefix(cmd.Err(), "NOPERM") {
+			return 0, cmd.Err()
+		}
+	}
+	if unblock != nil && unblock.Err() == nil {
+		return unblock.Val(), nil // the XACK's own error (WRONGTYPE) does not matter
+	}
+	if err == nil {
+		err = unblock.Err()
+	}
+	return 0, err
 }
 
 // newOwnConn returns a client of one connection for r, made from the
@@ -641,14 +703,14 @@ func (r *reader) handBack(back map[string][]string) {
 	r.logger.Debug("Handed back entries read for subscriptions that had ended", watermill.LogFields{"streams": len(back)})
 }
 
-// unblock sends CLIENT UNBLOCK for the reader's connection, and waits
+// unblock sends the interrupt for the reader's connection, and waits
 // interruptTimeout for the answer at most.
-func (r *reader) unblock() (int, error) {
+func (r *reader) unblock() (int64, error) {
 	ctx, cancel := context.WithTimeout(r.sig.stop, interruptTimeout)
 	defer cancel()
-	var n int
+	var n int64
 	var err error
-	if berr := bounded.Call(ctx, func() { n, err = r.reg.client.Do(ctx, "CLIENT", "UNBLOCK", r.id()).Int() }); berr != nil {
+	if berr := bounded.Call(ctx, func() { n, err = r.interrupt(ctx) }); berr != nil {
 		return 0, berr
 	}
 	return n, err

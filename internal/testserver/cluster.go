@@ -70,7 +70,7 @@ func StartCluster(t testing.TB) *Cluster {
 	}
 	extra = append(extra, replicationArgs...)
 	for range 6 {
-		s, err := startProcess(bin, t.Logf, procConfig{extra: extra})
+		s, err := startProcess(bin, t, procConfig{extra: extra})
 		if err != nil {
 			c.shutdown()
 			t.Fatalf("testserver: cluster node: %v", err)

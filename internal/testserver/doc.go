@@ -9,6 +9,12 @@
 // fsynced on every write, so acknowledged writes survive Kill, Restart and
 // the command returned by RestartCommand.
 //
+// A private process that stops without being asked (SIGKILL from outside,
+// as RestartCommand and the OOM killer do) is started again on the same port
+// and directory. One that crashed by itself (a server bug report in its log,
+// or any other signal or exit) is started again too, and fails the test,
+// with the report: what the test sent may have crashed it.
+//
 // StartCluster and StartSentinel start, from the same binary, a Redis
 // Cluster (three masters, three replicas) and a Sentinel group (a master, a
 // replica, three sentinels) whose nodes can be killed, frozen and failed

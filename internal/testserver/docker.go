@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/ory/dockertest/v3"
@@ -41,7 +42,7 @@ func dockerPool() (*dockertest.Pool, error) {
 
 // startDocker runs a redis container published on 127.0.0.1:<free port>.
 // The host port is bound explicitly so that it survives docker restart.
-func startDocker(pool *dockertest.Pool, logf func(string, ...any)) (*Server, error) {
+func startDocker(pool *dockertest.Pool, t testing.TB) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -65,7 +66,7 @@ func startDocker(pool *dockertest.Pool, logf func(string, ...any)) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("run %s:%s container: %w", dockerRepository, dockerTag, err)
 	}
-	log := newTestLog(logf)
+	log := newTestLog(t)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	box := &container{pool: pool, res: res, addr: addr, log: log}
 	s := &Server{kind: kindDocker, addr: addr, port: port, box: box, log: log}

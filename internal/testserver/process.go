@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -23,6 +24,7 @@ type proc struct {
 	ready      bool          // answered PING at least once; guarded by supervisor.mu
 	done       chan struct{} // closed once the supervisor has handled the exit
 	exitErr    error         // result of Wait; read only after done is closed
+	logFrom    int64         // size of the server's log when it started
 }
 
 // supervisor runs a private server process: it starts it, restarts it when
@@ -43,12 +45,12 @@ type supervisor struct {
 }
 
 // startProcess creates the directory and starts the first server process.
-func startProcess(bin string, logf func(string, ...any), mode procConfig) (*Server, error) {
+func startProcess(bin string, t testing.TB, mode procConfig) (*Server, error) {
 	dir, err := os.MkdirTemp("", "valkeystream-testserver-")
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
-	log := newTestLog(logf)
+	log := newTestLog(t)
 	sup := &supervisor{spec: procSpec{bin: bin, dir: dir, mode: mode}, log: log}
 	if mode.sentinel != "" {
 		if err := os.WriteFile(sup.spec.sentinelConf(), []byte(mode.sentinel), 0o644); err != nil {
@@ -90,6 +92,7 @@ func startProcess(bin string, logf func(string, ...any), mode procConfig) (*Serv
 // startLocked starts a server process and its supervisor goroutine. s.mu
 // must be held, s.cur must be nil or exited, and s.closed false.
 func (s *supervisor) startLocked(supervised bool) (*proc, error) {
+	logFrom := s.spec.logSize()
 	cmd := exec.Command(s.spec.bin, s.spec.args()...)
 	cmd.Dir = s.spec.dir
 	cmd.SysProcAttr = sysProcAttr()
@@ -101,7 +104,7 @@ func (s *supervisor) startLocked(supervised bool) (*proc, error) {
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("write pid file: %w", err)
 	}
-	p := &proc{cmd: cmd, supervised: supervised, done: make(chan struct{})}
+	p := &proc{cmd: cmd, supervised: supervised, done: make(chan struct{}), logFrom: logFrom}
 	s.cur = p
 	s.wg.Add(1)
 	go s.supervise(p)
@@ -146,7 +149,14 @@ func (s *supervisor) supervise(p *proc) {
 	}
 	s.mu.Unlock()
 
-	s.log.printf("testserver: server pid %d exited unexpectedly (%v); restarting on %s", pid, waitErr, addr)
+	if report := s.spec.crashReport(p.logFrom); p.ready && (report != "" || !killedBySIGKILL(waitErr)) {
+		// Nothing here stops a server but SIGKILL: one that exited
+		// otherwise, or printed a bug report, crashed by itself, and what
+		// the test sent it may be the cause.
+		s.log.failf("testserver: server pid %d crashed (%v) while the test ran; restarting on %s%s", pid, waitErr, addr, report)
+	} else {
+		s.log.printf("testserver: server pid %d exited unexpectedly (%v); restarting on %s", pid, waitErr, addr)
+	}
 	if fails > 1 {
 		backoff := min(time.Duration(fails-1)*100*time.Millisecond, time.Second)
 		select {

@@ -69,3 +69,32 @@ func (p procSpec) logTail() string {
 	}
 	return "; server.log ends with:\n" + string(bytes.Join(lines, []byte("\n")))
 }
+
+// logSize returns the size of the server's log, 0 when there is none yet.
+func (p procSpec) logSize() int64 {
+	fi, err := os.Stat(p.logFile())
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// crashReport returns the part of the server's log written since offset
+// from that says why it died: from the start of its bug report (a failed
+// assertion or a signal; Redis and Valkey both print "=== ... BUG REPORT
+// START") through the lines that name the failed check and the stack, or ""
+// when the log has none.
+func (p procSpec) crashReport(from int64) string {
+	data, err := os.ReadFile(p.logFile())
+	if err != nil || int64(len(data)) < from {
+		return ""
+	}
+	lines := bytes.Split(data[from:], []byte("\n"))
+	for i, line := range lines {
+		if bytes.Contains(line, []byte("BUG REPORT START")) {
+			end := min(i+40, len(lines))
+			return "; server.log:\n" + string(bytes.Join(lines[max(i-3, 0):end], []byte("\n")))
+		}
+	}
+	return ""
+}

@@ -44,12 +44,12 @@ func StartSentinel(t testing.TB) *Sentinel {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
 
-	master, err := startProcess(bin, t.Logf, procConfig{extra: replicationArgs})
+	master, err := startProcess(bin, t, procConfig{extra: replicationArgs})
 	if err != nil {
 		t.Fatalf("testserver: sentinel master: %v", err)
 	}
 	g.data = append(g.data, master)
-	replica, err := startProcess(bin, t.Logf, procConfig{extra: append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.port)}, replicationArgs...)})
+	replica, err := startProcess(bin, t, procConfig{extra: append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.port)}, replicationArgs...)})
 	if err != nil {
 		t.Fatalf("testserver: sentinel replica: %v", err)
 	}
@@ -66,7 +66,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		"sentinel parallel-syncs %[1]s 1\n",
 		SentinelMasterName, master.port, SentinelDownAfter.Milliseconds(), sentinelFailoverTimeout.Milliseconds())
 	for range 3 {
-		s, err := startProcess(bin, t.Logf, procConfig{sentinel: conf})
+		s, err := startProcess(bin, t, procConfig{sentinel: conf})
 		if err != nil {
 			t.Fatalf("testserver: sentinel: %v", err)
 		}

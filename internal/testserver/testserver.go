@@ -97,7 +97,7 @@ func Start(t testing.TB) *Server {
 		return nil
 	}
 	if bin != "" {
-		s, err := startProcess(bin, t.Logf, procConfig{})
+		s, err := startProcess(bin, t, procConfig{})
 		if err != nil {
 			t.Fatalf("testserver: %v", err)
 			return nil
@@ -109,7 +109,7 @@ func Start(t testing.TB) *Server {
 
 	pool, dockerErr := dockerPool()
 	if pool != nil {
-		s, err := startDocker(pool, t.Logf)
+		s, err := startDocker(pool, t)
 		if err != nil {
 			t.Fatalf("testserver: %v", err)
 			return nil

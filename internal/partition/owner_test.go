@@ -58,9 +58,13 @@ func (e *partEnv) pending(t *testing.T) map[string]redis.XPendingExt {
 	return m
 }
 
-// lapse waits until the owner record is gone.
+// lapse makes the owner record lapse now and waits until it is gone.
 func (e *partEnv) lapse(t *testing.T) {
 	t.Helper()
+	// The record's TTL is cut to a millisecond here rather than given
+	// short at Acquire: a short TTL could lapse on a loaded machine before
+	// the test's first call, which must still find it.
+	require.NoError(t, e.client.PExpire(context.Background(), e.keys.Owner, time.Millisecond).Err())
 	require.Eventually(t, func() bool { return e.client.Exists(context.Background(), e.keys.Owner).Val() == 0 },
 		10*time.Second, 5*time.Millisecond, "the owner record did not lapse")
 }
@@ -167,7 +171,7 @@ func TestALostOwnerIsFenced(t *testing.T) {
 	e := newPartEnv(t)
 	sent := e.add(t, 3)
 
-	a, err := e.p.Acquire(ctx, "a", 100*time.Millisecond)
+	a, err := e.p.Acquire(ctx, "a", time.Minute)
 	require.NoError(t, err)
 	got, err := a.Read(ctx, ">", 2)
 	require.NoError(t, err)

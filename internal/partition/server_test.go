@@ -68,7 +68,7 @@ func TestServerOfALostOwnerIsFenced(t *testing.T) {
 	ctx := context.Background()
 	e := newPartEnv(t)
 	sent := e.add(t, 2)
-	a, err := e.p.Acquire(ctx, "a", 100*time.Millisecond)
+	a, err := e.p.Acquire(ctx, "a", time.Minute)
 	require.NoError(t, err)
 	var lost atomic.Int64
 	s := NewServer(a, ServerOptions{Lost: func(err error) {

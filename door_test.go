@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -99,6 +100,12 @@ func TestDeclaredStart(t *testing.T) {
 // user with every permission, then the ACL rules deny (e.g. "-xgroup").
 func limitedSubscriber(t *testing.T, e *env, user string, deny ...string) *valkeystream.Subscriber {
 	t.Helper()
+	return limitedSubscriberLogging(t, e, user, nil, deny...)
+}
+
+// limitedSubscriberLogging is limitedSubscriber with a logger.
+func limitedSubscriberLogging(t *testing.T, e *env, user string, logger watermill.LoggerAdapter, deny ...string) *valkeystream.Subscriber {
+	t.Helper()
 	ctx := context.Background()
 	args := []any{"ACL", "SETUSER", user, "on", ">secret", "~*", "+@all"}
 	for _, rule := range deny {
@@ -109,7 +116,7 @@ func limitedSubscriber(t *testing.T, e *env, user string, deny ...string) *valke
 	limited := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), Username: user, Password: "secret"})
 	t.Cleanup(func() { _ = limited.Close() })
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, nil)
+		Client: limited, ConsumerGroup: "g", Start: valkeystream.StartNew}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub

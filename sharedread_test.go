@@ -252,13 +252,23 @@ func TestSubscriptionsReadOnTheirOwnWithoutClientUnblock(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			sub := limitedSubscriber(t, e, name, deny...)
+			log := newErrorLog(watermill.NopLogger{})
+			sub := limitedSubscriberLogging(t, e, name, log, deny...)
 			var chans []<-chan *message.Message
 			for i := range 2 {
 				ch := e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
 				chans = append(chans, ch)
 			}
 			waitUntil(t, "each subscription blocks on its own", func() bool { return e.blockedReads() == 2 })
+			// Told once, when the first reader was refused: the second
+			// subscription did not try again.
+			told := 0
+			for _, line := range log.infoLines() {
+				if strings.Contains(line, "may not run a command that shared reads need") {
+					told++
+				}
+			}
+			assert.Equal(t, 1, told, "Info lines: %v", log.infoLines())
 			pub := e.publisher()
 			for i, ch := range chans {
 				passOne(t, pub, fmt.Sprintf("%s-%d", e.topic, i), ch)
@@ -388,4 +398,35 @@ func TestAFailedSharedReadIsNotResentWhileTheServerIsDown(t *testing.T) {
 	held.Ack()
 	sent := e.publish(1)
 	assert.Equal(t, uuidsOf(sent), receiveAll(t, msgs, 1), "delivery resumes")
+}
+
+// A client whose permission for the interrupt's transaction is taken away
+// while it runs stops interrupting (once MULTI is refused, the UNBLOCK after
+// it runs outside a transaction): logged once, and the waiting
+// subscriptions still get their entries when the shared read times out.
+func TestInterruptsStopWhenTheirPermissionIsTakenAway(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	log := newErrorLog(watermill.NopLogger{})
+	sub := limitedSubscriberLogging(t, e, "revoked", log)
+	first := e.subscribeTo(sub, e.topic+"-0")
+	waitUntil(t, "the shared read blocks", func() bool { return e.blockedReads() == 1 })
+	require.NoError(t, e.client.Do(context.Background(), "ACL", "SETUSER", "revoked", "-multi").Err())
+
+	pub := e.publisher()
+	var chans []<-chan *message.Message
+	for i := 1; i <= 2; i++ {
+		chans = append(chans, e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i)))
+	}
+	for i, ch := range chans {
+		passOne(t, pub, fmt.Sprintf("%s-%d", e.topic, i+1), ch) // within BlockTime, not interrupted
+	}
+	passOne(t, pub, e.topic+"-0", first)
+	told := 0
+	for _, line := range log.lines() {
+		if strings.Contains(line, "may no longer interrupt the shared read") {
+			told++
+		}
+	}
+	assert.Equal(t, 1, told, "Error lines: %v", log.lines())
 }

@@ -400,11 +400,17 @@ func (d *Driver) renew(ctx context.Context) {
 		}
 		n++
 		go func() {
-			r := renewal{t: t}
-			r.err = d.call(ctx, func(ctx context.Context) (err error) {
-				r.retaken, err = t.o.Renew(ctx)
+			// The call may outlive d.call (see internal/bounded): it writes
+			// its own variable, read only once it has returned.
+			var retaken bool
+			err := d.call(ctx, func(ctx context.Context) (err error) {
+				retaken, err = t.o.Renew(ctx)
 				return err
 			})
+			r := renewal{t: t, err: err}
+			if err == nil {
+				r.retaken = retaken
+			}
 			done <- r
 		}()
 	}

@@ -69,6 +69,8 @@ package sharedread
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -224,7 +226,7 @@ func (reg *Registry) Join(ctx context.Context, consumer, key string) *Member {
 	}
 	r, err := reg.newReader(ctx, consumer, key)
 	if err != nil {
-		if redis.HasErrorPrefix(err, "NOPERM") {
+		if redis.HasErrorPrefix(err, "NOPERM") || errors.Is(err, errRefused) {
 			reg.off = true
 			reg.logger.Info("The client may not run a command that shared reads need (its error names it): every subscription reads new entries over a connection of its own. "+
 				"Allow it for this client to share one connection among many subscriptions (see the permissions in docs/design.md)",
@@ -274,17 +276,6 @@ func (reg *Registry) newReader(ctx context.Context, consumer, key string) (*read
 		_ = r.conn.Close()
 		return nil, err
 	}
-	// EXEC alone first (answered "EXEC without MULTI"): a transaction whose
-	// EXEC is refused would leave its pooled connection inside MULTI, and
-	// the client's next command on it would be queued, not run.
-	if err := reg.client.Do(ctx, "EXEC").Err(); err == nil || !isRedisError(err) || redis.HasErrorPrefix(err, "NOPERM") {
-		r.sig.stopNow()
-		_ = r.conn.Close()
-		if err == nil {
-			err = errors.New("EXEC outside a transaction was answered without an error")
-		}
-		return nil, err
-	}
 	if _, err := r.interrupt(ctx); err != nil {
 		r.sig.stopNow()
 		_ = r.conn.Close()
@@ -293,17 +284,19 @@ func (reg *Registry) newReader(ctx context.Context, consumer, key string) (*read
 	return r, nil
 }
 
-// isRedisError reports whether err is the server's error reply, not a
-// failure to reach it.
-func isRedisError(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
-}
+// errRefused marks an interrupt that the server refused for the client's
+// permissions (NOPERM): it will not work before they change.
+var errRefused = errors.New("refused for the client's permissions")
 
 // interrupt sends the transaction that ends the reader's blocked read (see
 // the package doc) and returns what CLIENT UNBLOCK answered: 1 when it
-// ended a read, 0 when no read was blocked. An error names a refused
-// command with its NOPERM.
+// ended a read, 0 when no read was blocked. A refusal wraps errRefused.
+//
+// A refused MULTI leaves the commands after it to run outside a
+// transaction, and its reply makes go-redis drop the connection; a
+// refused queued command or EXEC makes the server discard the transaction
+// (EXECABORT, with the NOPERM in its text). Either leaves the client's
+// connections as they were.
 func (r *reader) interrupt(ctx context.Context) (int64, error) {
 	var ack, unblock *redis.IntCmd
 	_, err := r.reg.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -313,18 +306,16 @@ func (r *reader) interrupt(ctx context.Context) (int64, error) {
 		unblock = p.ClientUnblock(ctx, r.id())
 		return nil
 	})
-	for _, cmd := range []*redis.IntCmd{ack, unblock} {
-		if cmd != nil && redis.HasErrorPrefix(cmd.Err(), "NOPERM") {
-			return 0, cmd.Err()
+	for _, e := range []error{err, ack.Err(), unblock.Err()} {
+		var reply redis.Error
+		if errors.As(e, &reply) && strings.Contains(reply.Error(), "NOPERM") {
+			return 0, fmt.Errorf("%w: %w", errRefused, e)
 		}
 	}
-	if unblock != nil && unblock.Err() == nil {
-		return unblock.Val(), nil // the XACK's own error (WRONGTYPE) does not matter
+	if unblock.Err() != nil {
+		return 0, unblock.Err()
 	}
-	if err == nil {
-		err = unblock.Err()
-	}
-	return 0, err
+	return unblock.Val(), nil // the XACK's own error (WRONGTYPE) does not matter
 }
 
 // newOwnConn returns a client of one connection for r, made from the
@@ -716,9 +707,10 @@ func (r *reader) unblock() (int64, error) {
 	return n, err
 }
 
-// interrupter ends the read in flight when asked (kick): it sends CLIENT
-// UNBLOCK for the reader's connection through the user's client, again
-// shortly while the server answers 0 and the same read is outstanding.
+// interrupter ends the read in flight when asked (kick): it sends the
+// interrupt for the reader's connection through the user's client, again
+// shortly while the server answers 0 and the same read is outstanding. It
+// stops for good once the server refuses one for the client's permissions.
 func (r *reader) interrupter() {
 	failing := false // logged once per streak of failed interrupts
 	for {
@@ -736,6 +728,14 @@ func (r *reader) interrupter() {
 			n, err := r.unblock()
 			if err != nil && r.sig.stop.Err() != nil {
 				return // the reader ends: its read is given up anyway
+			}
+			if errors.Is(err, errRefused) {
+				// A MULTI refused now let its UNBLOCK run outside the
+				// transaction: send no more of them.
+				r.reg.faults.Add(1)
+				r.logger.Error("The client may no longer interrupt the shared read: waiting subscriptions read again when it times out (BlockTime). "+
+					"Allow MULTI, EXEC, XACK and CLIENT UNBLOCK for this client again (see the permissions in docs/design.md)", err, nil)
+				return
 			}
 			if err != nil {
 				r.reg.faults.Add(1)

@@ -124,7 +124,12 @@ func (s *supervisor) supervise(p *proc) {
 	if s.cur == p {
 		_ = os.Remove(s.spec.pidFile())
 	}
+	report := s.spec.crashReport(p.logFrom)
 	if s.cur != p || !s.wantUp || s.closed || !p.supervised {
+		if report != "" && !s.closed {
+			// It crashed by itself as the test stopped it (Kill).
+			s.log.failf("testserver: server pid %d crashed (%v) while the test ran%s", pid, waitErr, report)
+		}
 		s.releaseLocked(p)
 		s.mu.Unlock()
 		return
@@ -149,7 +154,7 @@ func (s *supervisor) supervise(p *proc) {
 	}
 	s.mu.Unlock()
 
-	if report := s.spec.crashReport(p.logFrom); p.ready && (report != "" || !killedBySIGKILL(waitErr)) {
+	if p.ready && (report != "" || !killedBySIGKILL(waitErr)) {
 		// Nothing here stops a server but SIGKILL: one that exited
 		// otherwise, or printed a bug report, crashed by itself, and what
 		// the test sent it may be the cause.

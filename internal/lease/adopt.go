@@ -267,7 +267,10 @@ func (a *Adopter) release(key string) {
 	defer cancel()
 	var released error
 	err := bounded.Call(ctx, func() { released = releaseScript.Run(ctx, a.deps.Client, []string{key}, a.token).Err() })
-	if err = errors.Join(err, released); err != nil {
+	if err == nil {
+		err = released // written by the call only if it returned in time
+	}
+	if err != nil {
 		a.deps.Faults.Add(1)
 		a.deps.Logger.Error("Releasing the lease on a consumer name whose pending entries were taken over failed; it lapses after ConsumerLeaseTTL",
 			err, watermill.LogFields{"lease_key": key})

@@ -346,7 +346,8 @@ func (reg *Registry) newOwnConn(r *reader) *redis.Client {
 func (r *reader) learnID(ctx context.Context) error {
 	var id int64
 	var err error
-	if berr := bounded.Call(ctx, func() { id, err = r.conn.ClientID(ctx).Result() }); berr != nil {
+	conn := r.conn // reconnect may replace it while an abandoned call still runs
+	if berr := bounded.Call(ctx, func() { id, err = conn.ClientID(ctx).Result() }); berr != nil {
 		return berr
 	}
 	if err != nil {

@@ -134,11 +134,7 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 		Group:    s.config.ConsumerGroup,
 		Member:   member,
 		Start:    s.config.Start.id(),
-		Beat:     ttl / 20,
-		OwnerTTL: ttl,
-		// A member's entry lapses with its ownerships: a subscription that
-		// died leaves the split when its partitions become free.
-		MemberTTL: ttl,
+		OwnerTTL: ttl, // the beat and the membership's TTL follow from it
 		Run: func(pctx context.Context, p partition.Owned) {
 			s.runPartition(ctx, pctx, topic, member, p, health, logger, out)
 		},

@@ -17,17 +17,8 @@ import (
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
-// The defaults of DriverConfig.
-const (
-	// DefaultBeat is the default DriverConfig.Beat.
-	DefaultBeat = time.Second
-	// DefaultOwnerTTL is the default DriverConfig.OwnerTTL.
-	DefaultOwnerTTL = 10 * time.Second
-	// DefaultMemberTTL is the default DriverConfig.MemberTTL.
-	DefaultMemberTTL = 10 * time.Second
-	// DefaultHandOverPage is the default DriverConfig.HandOverPage.
-	DefaultHandOverPage = 100
-)
+// DefaultHandOverPage is the default DriverConfig.HandOverPage.
+const DefaultHandOverPage = 100
 
 // DriverConfig is what a Driver reads.
 type DriverConfig struct {
@@ -42,16 +33,18 @@ type DriverConfig struct {
 	// or "0" (the whole stream). Required.
 	Start string
 
-	// Beat is the time between two beats: each one renews the membership
-	// and the ownerships, and moves partitions as the split says. At most a
-	// third of OwnerTTL and of MemberTTL. Default: DefaultBeat.
-	Beat time.Duration
 	// OwnerTTL is the time to live of an owner record: a partition of a
 	// subscription that stopped without Close is acquired by a peer this
-	// long after its last renewal. Default: DefaultOwnerTTL.
+	// long after its last renewal. Required (the Subscriber's
+	// PartitionOwnerTTL).
 	OwnerTTL time.Duration
+	// Beat is the time between two beats: each one renews the membership
+	// and the ownerships, and moves partitions as the split says. At most a
+	// third of OwnerTTL and of MemberTTL. Default: OwnerTTL/20.
+	Beat time.Duration
 	// MemberTTL is how long a member stays in the membership after its last
-	// beat. Default: DefaultMemberTTL.
+	// beat. Default: OwnerTTL, so that a member that died leaves the split
+	// when its partitions become free.
 	MemberTTL time.Duration
 	// HandOverPage is about how many pending entries one call of the
 	// hand-over moves. Default: DefaultHandOverPage.
@@ -80,13 +73,10 @@ type DriverConfig struct {
 // setDefaults fills in the durations and sizes not given.
 func (c *DriverConfig) setDefaults() {
 	if c.Beat == 0 {
-		c.Beat = DefaultBeat
-	}
-	if c.OwnerTTL == 0 {
-		c.OwnerTTL = DefaultOwnerTTL
+		c.Beat = c.OwnerTTL / 20
 	}
 	if c.MemberTTL == 0 {
-		c.MemberTTL = DefaultMemberTTL
+		c.MemberTTL = c.OwnerTTL
 	}
 	if c.HandOverPage == 0 {
 		c.HandOverPage = DefaultHandOverPage

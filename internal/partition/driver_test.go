@@ -442,7 +442,7 @@ func TestDriverTakesOverFromAMemberThatDied(t *testing.T) {
 // TTLs, is refused, naming the setting.
 func TestDriverConfigValidate(t *testing.T) {
 	run := func(context.Context, Owned) {}
-	ok := DriverConfig{Group: "g", Member: "m", Start: "$", Run: run}
+	ok := DriverConfig{Group: "g", Member: "m", Start: "$", Run: run, OwnerTTL: 10 * time.Second}
 	ok.setDefaults()
 	require.NoError(t, ok.Validate())
 	cases := []struct {

@@ -156,9 +156,12 @@ type crashKillStats struct {
 	queuedEntries, unackedEntries           int
 }
 
-type crashAudit struct {
+// crashRig is what every crash audit holds: its private server (and a
+// client to inspect it), the worker binary, the directory of the workers'
+// logs and ledgers, the topic and group, the random source of its choices,
+// and every worker it started.
+type crashRig struct {
 	t      *testing.T
-	p      crashAuditParams
 	srv    *testserver.Server
 	admin  *redis.Client
 	bin    string
@@ -168,8 +171,95 @@ type crashAudit struct {
 	rng    *rand.Rand
 	seed   uint64
 	spawns int
+	all    []*crashWorker // every process ever started
+}
 
-	all     []*crashWorker // every process ever started
+// newCrashRig starts the server and builds the worker for the audit named
+// name, on topic, with group "audit". Its random choices come from a seed
+// drawn now, or from VALKEYSTREAM_CRASH_SEED, which repeats a run's; stream
+// tells the audits' sources apart. Every worker still running is killed
+// when the test ends.
+func newCrashRig(t *testing.T, name, topic string, stream uint64) crashRig {
+	srv := testserver.Start(t)
+	bin := buildCrashWorker(t)
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("VALKEYSTREAM_CRASH_SEED"); s != "" {
+		var err error
+		seed, err = strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err, "VALKEYSTREAM_CRASH_SEED")
+	}
+	t.Logf("%s seed %d (VALKEYSTREAM_CRASH_SEED=%d repeats the random choices)", name, seed, seed)
+	r := crashRig{t: t, srv: srv, admin: crashAdminClient(t, srv), bin: bin, dir: t.TempDir(),
+		topic: topic, group: "audit", rng: rand.New(rand.NewPCG(seed, stream)), seed: seed}
+	return r
+}
+
+// newWorker returns the next worker, named name, not started yet, and the
+// flags every worker takes; each draws its own Ack flush interval (a long
+// one widens the window between the handler's end and the Ack reaching
+// the server) and batch size.
+func (r *crashRig) newWorker(name string) (*crashWorker, []string) {
+	r.spawns++
+	gen := r.spawns
+	base := filepath.Join(r.dir, fmt.Sprintf("%03d-%s", gen, name))
+	w := &crashWorker{
+		name:    name,
+		gen:     gen,
+		logPath: base + ".log",
+		ledger:  audit.NewReader(base + ".ledger"),
+		began:   map[string]bool{},
+		ended:   map[string]bool{},
+		done:    make(chan struct{}),
+	}
+	ackFlush := []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond}[r.rng.IntN(4)]
+	batch := []int{10, 50, 100}[r.rng.IntN(3)]
+	args := []string{
+		"-addr", r.srv.Addr(),
+		"-topic", r.topic,
+		"-group", r.group,
+		"-consumer", name,
+		"-ledger", w.ledger.Path(),
+		"-seed", strconv.FormatUint(r.rng.Uint64(), 10),
+		"-batch", strconv.Itoa(batch),
+		"-block", crashBlockTime.String(),
+		"-claim-interval", crashClaimInterval.String(),
+		"-claim-min-idle", crashClaimMinIdle.String(),
+		"-ack-flush", ackFlush.String(),
+		"-lease-ttl", crashLeaseTTL.String(),
+	}
+	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
+		args = append(args, "-v")
+	}
+	return w, args
+}
+
+// startWorker starts w with args and adds it to every worker.
+func (r *crashRig) startWorker(w *crashWorker, args []string) {
+	r.t.Helper()
+	w.start(r.t, r.bin, args)
+	r.all = append(r.all, w)
+}
+
+// publishRetrying publishes msgs in one call, calling again after a failure
+// (20 calls at most, 50 ms apart); failures counts the failed calls.
+func publishRetrying(pub message.Publisher, topic string, msgs []*message.Message, failures *int) error {
+	for attempt := 1; ; attempt++ {
+		err := pub.Publish(topic, msgs...)
+		if err == nil {
+			return nil
+		}
+		*failures++
+		if attempt == 20 {
+			return fmt.Errorf("failed %d times: %w", attempt, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type crashAudit struct {
+	crashRig
+	p crashAuditParams
+
 	handled map[string]int // uuid -> complete "handled" lines in all ledgers
 	marked  map[string]int // uuid -> "marked" lines in all ledgers (Dedup)
 	began   int
@@ -181,30 +271,13 @@ type crashAudit struct {
 }
 
 func runCrashAudit(t *testing.T, p crashAuditParams) *crashAudit {
-	srv := testserver.Start(t)
-	bin := buildCrashWorker(t)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("VALKEYSTREAM_CRASH_SEED"); s != "" {
-		var err error
-		seed, err = strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err, "VALKEYSTREAM_CRASH_SEED")
-	}
-	t.Logf("crash audit seed %d (VALKEYSTREAM_CRASH_SEED=%d repeats the random choices)", seed, seed)
-
 	a := &crashAudit{
-		t:       t,
-		p:       p,
-		srv:     srv,
-		admin:   crashAdminClient(t, srv),
-		bin:     bin,
-		dir:     t.TempDir(),
-		topic:   "crash-audit-" + watermill.NewShortUUID(),
-		group:   "audit",
-		rng:     rand.New(rand.NewPCG(seed, 0x5eed)),
-		seed:    seed,
-		handled: map[string]int{},
-		marked:  map[string]int{},
+		crashRig: newCrashRig(t, "crash audit", "crash-audit-"+watermill.NewShortUUID(), 0x5eed),
+		p:        p,
+		handled:  map[string]int{},
+		marked:   map[string]int{},
 	}
+	srv, seed := a.srv, a.seed
 	t.Cleanup(a.killAll)
 	ctx := context.Background()
 
@@ -470,17 +543,9 @@ func (a *crashAudit) publish(count *atomic.Int64, seed uint64) crashPublishResul
 				delay.Message(msgs[i], delay.For(time.Duration(rng.Int64N(int64(time.Second)))))
 			}
 		}
-		for attempt := 1; ; attempt++ {
-			err := pub.Publish(a.topic, msgs...)
-			if err == nil {
-				break
-			}
-			res.failures++
-			if attempt == 20 {
-				res.err = fmt.Errorf("publish call %d failed %d times: %w", c, attempt, err)
-				return res
-			}
-			time.Sleep(50 * time.Millisecond)
+		if err := publishRetrying(pub, a.topic, msgs, &res.failures); err != nil {
+			res.err = fmt.Errorf("publish call %d %w", c, err)
+			return res
 		}
 		for _, m := range msgs {
 			res.uuids = append(res.uuids, m.UUID)
@@ -492,55 +557,19 @@ func (a *crashAudit) publish(count *atomic.Int64, seed uint64) crashPublishResul
 
 // spawn starts a worker process under the consumer name.
 func (a *crashAudit) spawn(name string) *crashWorker {
-	t := a.t
-	t.Helper()
-	a.spawns++
-	gen := a.spawns
-	base := filepath.Join(a.dir, fmt.Sprintf("%03d-%s", gen, name))
-	w := &crashWorker{
-		name:    name,
-		gen:     gen,
-		logPath: base + ".log",
-		ledger:  audit.NewReader(base + ".ledger"),
-		began:   map[string]bool{},
-		ended:   map[string]bool{},
-		done:    make(chan struct{}),
-	}
-	// Per run: a random Ack flush interval (a long one widens the window
-	// between the handler's end and the Ack reaching the server) and batch
-	// size.
-	ackFlush := []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond}[a.rng.IntN(4)]
-	batch := []int{10, 50, 100}[a.rng.IntN(3)]
-	args := []string{
-		"-addr", a.srv.Addr(),
-		"-topic", a.topic,
-		"-group", a.group,
-		"-consumer", name,
-		"-ledger", w.ledger.Path(),
-		"-seed", strconv.FormatUint(a.rng.Uint64(), 10),
-		"-delay-prob", "0.4",
-		"-delay-max", "4ms",
-		"-batch", strconv.Itoa(batch),
-		"-block", crashBlockTime.String(),
-		"-claim-interval", crashClaimInterval.String(),
-		"-claim-min-idle", crashClaimMinIdle.String(),
-		"-ack-flush", ackFlush.String(),
-		"-lease-ttl", crashLeaseTTL.String(),
-	}
+	a.t.Helper()
+	w, args := a.newWorker(name)
+	args = append(args, "-delay-prob", "0.4", "-delay-max", "4ms")
 	if a.p.Dedup {
 		args = append(args, "-dedup", "-running-ttl", crashDedupRunningTTL.String())
 	}
 	args = append(args, a.transformArgs()...)
-	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
-		args = append(args, "-v")
-	}
 	if os.Getenv("VALKEYSTREAM_CRASH_BASELINE_VERBS") != "" {
 		// To compare the paths on a server with newer verbs
 		// (docs/server-verbs.md).
 		args = append(args, "-baseline-verbs")
 	}
-	w.start(t, a.bin, args)
-	a.all = append(a.all, w)
+	a.startWorker(w, args)
 	return w
 }
 
@@ -612,10 +641,10 @@ func (a *crashAudit) kill(w *crashWorker) {
 }
 
 // stop asks the worker to stop gracefully and waits for it.
-func (a *crashAudit) stop(w *crashWorker) { w.stop(a.t) }
+func (r *crashRig) stop(w *crashWorker) { w.stop(r.t) }
 
 // killAll kills every worker still running (on failure paths).
-func (a *crashAudit) killAll() { killWorkers(a.all) }
+func (r *crashRig) killAll() { killWorkers(r.all) }
 
 // stop asks w to stop gracefully (its stdin closes) and waits for it.
 func (w *crashWorker) stop(t *testing.T) {
@@ -722,12 +751,12 @@ func (a *crashAudit) reportMissing(want []string, pending int64) {
 }
 
 // sleepRandom sleeps a uniformly random time in [lo, hi].
-func (a *crashAudit) sleepRandom(lo, hi time.Duration) {
+func (r *crashRig) sleepRandom(lo, hi time.Duration) {
 	if hi <= lo {
 		time.Sleep(lo)
 		return
 	}
-	time.Sleep(lo + time.Duration(a.rng.Int64N(int64(hi-lo)+1)))
+	time.Sleep(lo + time.Duration(r.rng.Int64N(int64(hi-lo)+1)))
 }
 
 // crashAdminClient returns the client the test inspects the group with. It

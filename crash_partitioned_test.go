@@ -3,9 +3,7 @@ package valkeystream_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -22,7 +20,6 @@ import (
 	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/audit"
 	"github.com/echomq/valkeystream/internal/partition"
-	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // The partitioned crash audit: the per-key order of a partitioned topic
@@ -152,19 +149,10 @@ type crashPartitionedKill struct {
 }
 
 type crashPartitioned struct {
-	t      *testing.T
+	crashRig
 	p      crashPartitionedParams
-	srv    *testserver.Server
-	admin  *redis.Client
-	bin    string
-	dir    string
-	topic  string
-	group  string
 	layout *partition.Layout
-	rng    *rand.Rand
-	spawns int
 
-	all   []*crashWorker
 	recs  map[*crashWorker][]audit.Record
 	kills []crashPartitionedKill
 	// seenRecords are the owner records read at the kills (an epoch
@@ -176,33 +164,18 @@ type crashPartitioned struct {
 
 func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitionedResult {
 	start := time.Now()
-	srv := testserver.Start(t)
-	bin := buildCrashWorker(t)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("VALKEYSTREAM_CRASH_SEED"); s != "" {
-		var err error
-		seed, err = strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err, "VALKEYSTREAM_CRASH_SEED")
-	}
-	t.Logf("partitioned crash audit seed %d (VALKEYSTREAM_CRASH_SEED=%d repeats the random choices)", seed, seed)
 	topic := "crash-partitioned-" + watermill.NewShortUUID()
 	layout, err := partition.NewLayout(topic, p.Partitions)
 	require.NoError(t, err)
 	a := &crashPartitioned{
-		t:      t,
-		p:      p,
-		srv:    srv,
-		admin:  crashAdminClient(t, srv),
-		bin:    bin,
-		dir:    t.TempDir(),
-		topic:  topic,
-		group:  "audit",
-		layout: layout,
-		rng:    rand.New(rand.NewPCG(seed, 0x9a27)),
-		recs:   map[*crashWorker][]audit.Record{},
+		crashRig: newCrashRig(t, "partitioned crash audit", topic, 0x9a27),
+		p:        p,
+		layout:   layout,
+		recs:     map[*crashWorker][]audit.Record{},
 
 		seenRecords: map[seenRecord]bool{},
 	}
+	srv, seed := a.srv, a.seed
 	t.Cleanup(a.killAll)
 
 	a.start = time.Now()
@@ -363,19 +336,11 @@ func (a *crashPartitioned) publish(count *atomic.Int64) crashPartitionedPublishe
 				m.Metadata.Set("seq", strconv.Itoa(seq))
 				msgs = append(msgs, m)
 			}
-			for attempt := 1; ; attempt++ {
-				// A failed call is retried before the next round: a
-				// message written twice comes twice, in order.
-				err := pub.Publish(a.topic, msgs...)
-				if err == nil {
-					break
-				}
-				res.failures++
-				if attempt == 20 {
-					res.err = fmt.Errorf("publish of round %d failed %d times: %w", seq, attempt, err)
-					return res
-				}
-				time.Sleep(50 * time.Millisecond)
+			// A failed call is retried before the next round: a message
+			// written twice comes twice, in order.
+			if err := publishRetrying(pub, a.topic, msgs, &res.failures); err != nil {
+				res.err = fmt.Errorf("publish of round %d %w", seq, err)
+				return res
 			}
 			for _, m := range msgs {
 				res.msgs[m.UUID] = crashKeyed{key: m.Metadata.Get(valkeystream.MetadataPartitionKey), seq: seq}
@@ -388,47 +353,16 @@ func (a *crashPartitioned) publish(count *atomic.Int64) crashPartitionedPublishe
 
 // spawn starts a worker process under the consumer name.
 func (a *crashPartitioned) spawn(name string) *crashWorker {
-	t := a.t
-	t.Helper()
-	a.spawns++
-	gen := a.spawns
-	base := filepath.Join(a.dir, fmt.Sprintf("%03d-%s", gen, name))
-	w := &crashWorker{
-		name:    name,
-		gen:     gen,
-		logPath: base + ".log",
-		ledger:  audit.NewReader(base + ".ledger"),
-		done:    make(chan struct{}),
-	}
-	// Per run, as in TestCrashAudit: a random Ack flush interval and batch
-	// size.
-	ackFlush := []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond}[a.rng.IntN(4)]
-	batch := []int{10, 50, 100}[a.rng.IntN(3)]
-	args := []string{
-		"-addr", a.srv.Addr(),
-		"-topic", a.topic,
-		"-group", a.group,
-		"-consumer", name,
-		"-ledger", w.ledger.Path(),
-		"-seed", strconv.FormatUint(a.rng.Uint64(), 10),
+	a.t.Helper()
+	w, args := a.newWorker(name)
+	a.startWorker(w, append(args,
 		"-delay-prob", "0",
 		"-handle-time", a.p.HandleTime.String(),
 		"-retry-prob", strconv.FormatFloat(a.p.RetryProb, 'g', -1, 64),
 		"-retry-after", "50ms",
-		"-batch", strconv.Itoa(batch),
-		"-block", crashBlockTime.String(),
-		"-claim-interval", crashClaimInterval.String(),
-		"-claim-min-idle", crashClaimMinIdle.String(),
-		"-ack-flush", ackFlush.String(),
-		"-lease-ttl", crashLeaseTTL.String(),
 		"-partitions", strconv.Itoa(a.p.Partitions),
 		"-partition-ttl", a.p.OwnerTTL.String(),
-	}
-	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
-		args = append(args, "-v")
-	}
-	w.start(t, a.bin, args)
-	a.all = append(a.all, w)
+	))
 	return w
 }
 
@@ -513,12 +447,6 @@ func (a *crashPartitioned) ownerRecords() []string {
 	}
 	return records
 }
-
-// stop asks the worker to stop gracefully and waits for it.
-func (a *crashPartitioned) stop(w *crashWorker) { w.stop(a.t) }
-
-// killAll kills every worker still running (on failure paths).
-func (a *crashPartitioned) killAll() { killWorkers(a.all) }
 
 func (a *crashPartitioned) readLedgers() {
 	for _, w := range a.all {
@@ -762,13 +690,4 @@ func crashGapSummary(gaps []time.Duration) string {
 	}
 	q := func(f float64) time.Duration { return gaps[int(f*float64(len(gaps)-1))].Round(time.Millisecond) }
 	return fmt.Sprintf("min %s, median %s, p90 %s, max %s", q(0), q(0.5), q(0.9), q(1))
-}
-
-// sleepRandom sleeps a uniformly random time in [lo, hi].
-func (a *crashPartitioned) sleepRandom(lo, hi time.Duration) {
-	if hi <= lo {
-		time.Sleep(lo)
-		return
-	}
-	time.Sleep(lo + time.Duration(a.rng.Int64N(int64(hi-lo)+1)))
 }

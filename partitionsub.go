@@ -54,16 +54,6 @@ func (s *Subscriber) PartitionStats() PartitionStats {
 	}
 }
 
-// partitionLayout returns the layout of topic when it is partitioned, or
-// nil.
-func (s *Subscriber) partitionLayout(topic string) (*partition.Layout, error) {
-	n, ok := s.config.Partitions[topic]
-	if !ok {
-		return nil, nil
-	}
-	return partition.NewLayout(s.config.KeyPrefix+topic, n)
-}
-
 // declarePartitions makes sure the server holds l's partition count for
 // topic: the first Publisher or Subscriber of a topic stores it, and one
 // that declares another count gets an error naming both.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -36,8 +35,9 @@ type Subscriber struct {
 	failover failover.Hints    // helps the client through a failover
 	verbs    *serverinfo.Known // the server's newer verbs (verbs.go)
 
-	shared  *sharedread.Registry // blocking reads shared by subscriptions
-	delayed delayedMoves         // moves due delayed messages; see delay.go
+	shared     *sharedread.Registry // blocking reads shared by subscriptions
+	delayed    delayedMoves         // moves due delayed messages; see delay.go
+	partitions *partitionedTopics   // the layouts of Partitions; see partitioned.go
 }
 
 // lifecycle is how far a Subscriber is on its way to closed.
@@ -61,13 +61,17 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	config.Partitions = maps.Clone(config.Partitions) // validated: later changes by the caller have no effect
+	partitions, err := newPartitionedTopics(config.Partitions, config.KeyPrefix, "Partitions") // validated: cannot fail
+	if err != nil {
+		return nil, err
+	}
 	closing, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{
-		config:  config,
-		logger:  logger,
-		closing: closing,
-		life:    lifecycle{cancel: cancel},
+		config:     config,
+		logger:     logger,
+		closing:    closing,
+		life:       lifecycle{cancel: cancel},
+		partitions: partitions,
 	}
 	s.verbs = serverinfo.NewKnown(config.Client, config.BaselineVerbs)
 	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
@@ -197,11 +201,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			return nil, s.closedOr(err)
 		}
 		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
-	} else if l, err := s.partitionLayout(topic); l != nil || err != nil {
+	} else if l := s.partitions.layout(topic); l != nil {
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		if err == nil {
-			run, err = s.subscribePartitioned(runCtx, cancel, topic, l, health, logFields, out) // see partitionsub.go
-		}
+		var err error
+		run, err = s.subscribePartitioned(runCtx, cancel, topic, l, health, logFields, out) // see partitionsub.go
 		if err != nil {
 			abort()
 			return nil, s.closedOr(err)

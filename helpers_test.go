@@ -462,18 +462,28 @@ func (e *env) streamScripts() *atomic.Int64 {
 // (INFO commandstats), whichever client sent it.
 func (e *env) serverCalls(name string) int64 {
 	e.t.Helper()
+	return e.serverCallsOf(name)[0]
+}
+
+// serverCallsOf is serverCalls of each name, read at one instant (one INFO
+// reply), so that commands sent together count in all or none of them.
+func (e *env) serverCallsOf(names ...string) []int64 {
+	e.t.Helper()
 	info, err := e.client.Info(context.Background(), "commandstats").Result()
 	require.NoError(e.t, err)
+	counts := make([]int64, len(names))
 	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
-		if !ok {
-			continue
+		for i, name := range names {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+			require.NoError(e.t, err)
+			counts[i] = n
 		}
-		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
-		require.NoError(e.t, err)
-		return n
 	}
-	return 0
+	return counts
 }
 
 // onClient makes a Subscriber use client.

@@ -144,7 +144,13 @@ func TestDeliveryAge(t *testing.T) {
 		{map[string]string{"subscriber": "billing", "stream": "orders", "group": "billing"}, 4}, // 3 and a redelivery
 		{map[string]string{"subscriber": "audit", "stream": "orders", "group": ""}, 3},
 	} {
+		// A group subscription observes a delivery once its receiver took
+		// it, which the receiver can see first: wait for the count.
 		h := histogram(t, reg, "valkeystream_delivery_age_seconds", tc.labels)
+		for deadline := time.Now().Add(5 * time.Second); h.GetSampleCount() < tc.want && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			h = histogram(t, reg, "valkeystream_delivery_age_seconds", tc.labels)
+		}
 		if got := h.GetSampleCount(); got != tc.want {
 			t.Errorf("%v: %d deliveries observed, want %d", tc.labels, got, tc.want)
 		}

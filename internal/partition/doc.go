@@ -21,7 +21,7 @@
 // partitions on 3 masters: 4 each). The keys, with G the group name (':'
 // and '%' escaped as %3A and %25):
 //
-//	S + ":p" + i + "{" + T(i) + "}"    the partition's stream, e.g. orders:p3{orders#3.17}
+//	S + ":p" + i + "{" + T(i) + "}"    the partition's stream, e.g. orders:p3{orders#3.22} of 12
 //	<stream> + ":owner:" + G           "<member>:<epoch>" of its owner in G, with a TTL
 //	<stream> + ":epoch:" + G           the count of acquisitions in G (INCR), never reset
 //	S + ":members:" + G                the live members of G (a sorted set), in any slot

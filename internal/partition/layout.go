@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/slot"
 )
 
 // MaxPartitions is the most partitions a topic may have. Each partition
@@ -62,10 +64,15 @@ func SlotRange(i, n int) (lo, hi int) {
 func findTag(stream string, i, n int) string {
 	lo, hi := SlotRange(i, n)
 	prefix := stream + "#" + strconv.Itoa(i) + "."
+	// The tag has no brace (the stream has none), so its slot is the
+	// prefix's hash continued over j's digits: about 2 000 tries a
+	// partition at n = 1024.
+	p := slot.PrefixOf(prefix)
+	var digits []byte
 	for j := 0; ; j++ {
-		tag := prefix + strconv.Itoa(j)
-		if s := KeySlot(tag); lo <= s && s < hi {
-			return tag
+		digits = strconv.AppendInt(digits[:0], int64(j), 10)
+		if s := p.Slot(digits); lo <= s && s < hi {
+			return prefix + string(digits)
 		}
 	}
 }
@@ -84,7 +91,7 @@ func (l *Layout) Slot(i int) int { return KeySlot(l.tags[i]) }
 
 // Stream returns the stream key of partition i: the topic's stream key,
 // ":p", i, and the partition's hash tag in braces, e.g.
-// "orders:p3{orders#3.17}".
+// "orders:p3{orders#3.22}" of 12.
 func (l *Layout) Stream(i int) string {
 	return l.stream + ":p" + strconv.Itoa(i) + "{" + l.tags[i] + "}"
 }

@@ -8,7 +8,7 @@ const Count = 16384
 
 // Of returns the hash slot of key.
 func Of(key string) int {
-	return int(crc16(Tag(key)) % Count)
+	return int(crc16(0, Tag(key)) % Count)
 }
 
 // HasTag reports whether a cluster hashes only part of key: its hash tag.
@@ -35,19 +35,44 @@ func Tag(key string) string {
 	return key
 }
 
-// crc16 is CRC-16/XMODEM: polynomial 0x1021, initial value 0, no
-// reflection, no final xor.
-func crc16(s string) uint16 {
-	var crc uint16
+// Prefix is the hash of the start of keys without a hash tag, which the
+// slots of many keys that share it continue: Of(s+t) is
+// PrefixOf(s).Slot(t) when s+t has no '{'.
+type Prefix uint16
+
+// PrefixOf returns the hash of s, for keys that begin with it.
+func PrefixOf(s string) Prefix { return Prefix(crc16(0, s)) }
+
+// Slot returns the slot of the key that is p's start followed by rest.
+func (p Prefix) Slot(rest []byte) int {
+	crc := uint16(p)
+	for _, c := range rest {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+	}
+	return int(crc % Count)
+}
+
+// crc16 continues the CRC-16/XMODEM crc (polynomial 0x1021, initial
+// value 0, no reflection, no final xor) over s.
+func crc16(crc uint16, s string) uint16 {
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for b := 0; b < 8; b++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+// crcTable holds the CRC of each byte value, one byte at a time.
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
 			} else {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return crc
-}
+	return t
+}()

@@ -13,7 +13,7 @@ import (
 
 func TestCRC16IsXMODEM(t *testing.T) {
 	// The check value of CRC-16/XMODEM.
-	if got := crc16("123456789"); got != 0x31C3 {
+	if got := crc16(0, "123456789"); got != 0x31C3 {
 		t.Fatalf("crc16(123456789) = %#x, want 0x31c3", got)
 	}
 }
@@ -55,6 +55,16 @@ func TestOfAgreesWithTheCluster(t *testing.T) {
 		}
 		if got := Of(key); int64(got) != want {
 			t.Errorf("Of(%q) = %d, the cluster says %d", key, got, want)
+		}
+	}
+}
+
+func TestPrefixContinuesTheHash(t *testing.T) {
+	for _, s := range []string{"", "orders#3.", "日本:"} {
+		for _, rest := range []string{"", "0", "17", "2048", "x:y"} {
+			if got, want := PrefixOf(s).Slot([]byte(rest)), Of(s+rest); got != want {
+				t.Errorf("PrefixOf(%q).Slot(%q) = %d, want Of(%q) = %d", s, rest, got, s+rest, want)
+			}
 		}
 	}
 }

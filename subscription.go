@@ -46,6 +46,8 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 ) *loop.Group {
 	cfg := s.loopConfig(key, lease.name)
 	pruner := s.newPruner(key, lease.name, logger)
+	left := s.exits.add()
+	release := s.keepName(ctx, cancel, lease, logger)
 	deps := loop.Deps{
 		Server: loop.NewRedisServer(s.config.Client, loop.RedisServerOptions{
 			Key: key, Group: cfg.Group, Consumer: cfg.Consumer,
@@ -70,8 +72,16 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			}
 			return err
 		},
-		Prune:   func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
-		Release: s.keepName(ctx, cancel, lease, logger),
+		Prune: func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
+		// Called once the loop has left (its last round trip done); on
+		// a Close, after the others' too (see exits.go).
+		Release: func() {
+			left()
+			if s.closing.Err() != nil {
+				s.exits.wait()
+			}
+			release()
+		},
 		Inherit: lease.heir,
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.

@@ -128,8 +128,7 @@ func TestClusterMasterCrash(t *testing.T) {
 	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	const topic = "ha-cluster-crash"
-	client := clusterClient(t, c)
-	run := runMasterCrash(t, clusterClient(t, c), clusterClient(t, c), topic, func(ctx context.Context) time.Time {
+	run := runMasterCrash(t, clusterClient(t, c), clusterClient(t, c), topic, 10*time.Second, func(ctx context.Context) time.Time {
 		master, replicas, err := c.SlotOwner(ctx, topic)
 		require.NoError(t, err)
 		require.Len(t, replicas, 1, "replicas of the slot of %q", topic)
@@ -137,7 +136,6 @@ func TestClusterMasterCrash(t *testing.T) {
 		require.NoError(t, c.WaitMaster(ctx, replicas[0]), "replica %s taking over", replicas[0])
 		return time.Now()
 	})
-	requireNothingPending(t, client, topic, "ha")
 	run.log(t)
 }
 
@@ -149,8 +147,7 @@ func TestClusterPlannedFailover(t *testing.T) {
 	testserver.Parallel(t)
 	c := testserver.StartCluster(t)
 	const topic = "ha-cluster-planned"
-	client := clusterClient(t, c)
-	run := runMasterCrash(t, clusterClient(t, c), clusterClient(t, c), topic, func(ctx context.Context) time.Time {
+	run := runMasterCrash(t, clusterClient(t, c), clusterClient(t, c), topic, 10*time.Second, func(ctx context.Context) time.Time {
 		_, replicas, err := c.SlotOwner(ctx, topic)
 		require.NoError(t, err)
 		require.Len(t, replicas, 1, "replicas of the slot of %q", topic)
@@ -158,7 +155,6 @@ func TestClusterPlannedFailover(t *testing.T) {
 		return time.Now()
 	})
 	require.Empty(t, run.replicationLost, "messages whose Publish returned nil, missing from the new master after a planned failover")
-	requireNothingPending(t, client, topic, "ha")
 	run.log(t)
 }
 
@@ -170,8 +166,7 @@ func TestSentinelMasterCrash(t *testing.T) {
 	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	const topic = "ha-sentinel-crash"
-	client := sentinelClient(t, g)
-	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, func(ctx context.Context) time.Time {
+	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, 10*time.Second, func(ctx context.Context) time.Time {
 		master, err := g.Master(ctx)
 		require.NoError(t, err)
 		replica := otherNode(g, master)
@@ -179,7 +174,6 @@ func TestSentinelMasterCrash(t *testing.T) {
 		require.NoError(t, g.WaitMaster(ctx, replica), "sentinels promoting %s", replica)
 		return time.Now()
 	})
-	requireNothingPending(t, client, topic, "ha")
 	run.log(t)
 }
 
@@ -208,12 +202,17 @@ const sentinelPlannedResume = 5 * time.Second
 // with failover clients on go-redis defaults: consumption follows the new
 // master soon after the promotion, every message whose Publish returned nil
 // is delivered, and nothing stays pending.
+// The old master takes writes until the sentinels demote it, and loses
+// them then: an XACK sent to it after the promotion is gone, and its entry
+// stays pending on the new master until the subscription's claim takes it
+// back after ClaimMinIdle (docs/high-availability.md).
+const plannedSettle = valkeystream.DefaultClaimMinIdle + 10*time.Second
+
 func TestSentinelPlannedFailover(t *testing.T) {
 	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	const topic = "ha-sentinel-planned"
-	client := sentinelClient(t, g)
-	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, func(ctx context.Context) time.Time {
+	run := runMasterCrash(t, sentinelClient(t, g), sentinelClient(t, g), topic, plannedSettle, func(ctx context.Context) time.Time {
 		old, err := g.Failover(ctx)
 		require.NoError(t, err)
 		replica := otherNode(g, old)
@@ -223,11 +222,6 @@ func TestSentinelPlannedFailover(t *testing.T) {
 	if got := run.newMaster; got > sentinelPlannedResume {
 		t.Errorf("consumption resumed %s after the promotion, want at most %s: a blocking reader stayed on the old master", got, sentinelPlannedResume)
 	}
-	// The old master takes writes until the sentinels demote it, and loses
-	// them then: an XACK sent to it after the promotion is gone, and its
-	// entry stays pending on the new master until a claim takes it after
-	// ClaimMinIdle (docs/high-availability.md).
-	requireNothingPendingWithin(t, client, topic, "ha", valkeystream.DefaultClaimMinIdle+10*time.Second)
 	run.log(t)
 }
 
@@ -257,9 +251,9 @@ func (r crashRun) log(t *testing.T) {
 // runMasterCrash publishes to topic from four goroutines, one message per
 // call, and consumes it through a router (group "ha"), calls crash once
 // messages flow, and returns once every message whose Publish returned nil
-// was delivered. crash kills the master and returns when the servers have
-// promoted its replica.
-func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, topic string, crash func(context.Context) time.Time) crashRun {
+// was delivered and, within settle, nothing is pending. crash kills the
+// master and returns when the servers have promoted its replica.
+func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, topic string, settle time.Duration, crash func(context.Context) time.Time) crashRun {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: pubClient}, testLogger())
@@ -419,6 +413,9 @@ func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, to
 		}
 	}
 	mu.Unlock()
+	// While the subscription still runs: what it left pending is
+	// delivered again and acknowledged, within settle.
+	requireNothingPendingWithin(t, subClient, topic, "ha", settle)
 
 	mu.Lock()
 	defer mu.Unlock()

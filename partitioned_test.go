@@ -357,7 +357,9 @@ func TestASubscriptionOwningMorePartitionsThanItsPoolDelivers(t *testing.T) {
 	pub := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = parts })
 	sub := e.subscriber("g", "c", onClient(small), func(c *valkeystream.SubscriberConfig) {
 		c.Partitions = parts
-		c.PartitionOwnerTTL = time.Second
+		// Short enough that renewals starved of connections for a few
+		// BlockTimes lapse, long enough for a loaded machine's stalls.
+		c.PartitionOwnerTTL = 2 * time.Second
 	})
 	var h handled
 	e.runRouter(sub, func(msg *message.Message) error { h.add(msg); return nil })

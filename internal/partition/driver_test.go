@@ -22,7 +22,7 @@ import (
 // hundred milliseconds.
 const (
 	testBeat = 100 * time.Millisecond
-	testTTL  = 500 * time.Millisecond
+	testTTL  = 3 * time.Second // far above a loaded machine's stalls: no test here loses an ownership it renews
 )
 
 // driverEnv is a private server, the layout of a topic "t" of n
@@ -400,7 +400,7 @@ func TestDriverTakesOverWhenAMemberCloses(t *testing.T) {
 	}
 	took := e.waitOwners(t, map[string]int{"a": 8})
 	t.Logf("Close took %s (%d handlers finishing); closed -> all taken over: %s more (beat %s)", closed, finishing, took, testBeat)
-	assert.Less(t, took, 2*time.Second, "a bound against a wait for the TTL, not a speed requirement")
+	assert.Less(t, took, testTTL/2, "a bound against a wait for the TTL, not a speed requirement")
 	time.Sleep(300 * time.Millisecond)
 	stop()
 	e.waitDelivered(t)

@@ -147,7 +147,10 @@ func (e *env) partitioned(n int) (pub *valkeystream.Publisher, sub func(consumer
 	sub = func(consumer string) *valkeystream.Subscriber {
 		return e.subscriber("g", consumer, fastRedelivery, func(c *valkeystream.SubscriberConfig) {
 			c.Partitions = parts
-			c.PartitionOwnerTTL = 500 * time.Millisecond
+			// A beat of 100 ms, so that moves take little time; a TTL far
+			// above a loaded machine's stalls, so that no test loses an
+			// ownership it renews (a test of a lapse sets its own).
+			c.PartitionOwnerTTL = 2 * time.Second
 		})
 	}
 	return pub, sub

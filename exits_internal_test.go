@@ -1,44 +1,96 @@
 package valkeystream
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/echomq/valkeystream/internal/loop"
 )
 
-// A Close's releases wait until every subscription counted has left, and
-// no longer than loop.ExitTimeout for one that does not.
-func TestExitsWaitForEverySubscriptionToLeave(t *testing.T) {
+// Subscriptions that end together release their names once every one of
+// them has done its last round trip, and wait no longer than
+// loop.ExitTimeout for one that does not; one that ends alone waits for
+// nobody.
+func TestExitsOrderTheReleasesOfSubscriptionsThatEndTogether(t *testing.T) {
 	var x exits
-	x.wait() // none counted: at once
-
-	a, b := x.add(), x.add()
-	a()
-	a() // a second call changes nothing
-	waited := make(chan struct{})
-	go func() {
-		x.wait()
-		close(waited)
-	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	released := make(chan string, 3)
+	releaseOf := func(name string) func() { return func() { released <- name } }
+	a, b := x.around(ctx, releaseOf("a")), x.around(ctx, releaseOf("b"))
+	cancel() // both end
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+		}
+	}
+	waitFor("both counted once their context ended", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.leaving == 2
+	})
+	go a() // a's last round trip is done: it waits for b's
 	select {
-	case <-waited:
-		t.Fatal("wait returned while a subscription had still to leave")
+	case name := <-released:
+		t.Fatalf("%s released its name while b had its last round trip to do", name)
 	case <-time.After(50 * time.Millisecond):
 	}
 	b()
-	select {
-	case <-waited:
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait did not return once every subscription had left")
+	for _, want := range []string{"a", "b"} {
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no release of %s once both were done", want)
+		}
 	}
 
-	c := x.add() // counted again after the count fell to 0
-	start := time.Now()
-	x.wait()
-	if d := time.Since(start); d < loop.ExitTimeout {
-		t.Fatalf("wait returned after %s with a subscription still to leave, want its bound %s", d, loop.ExitTimeout)
-	}
+	// One that ends alone releases at once.
+	alone, end := context.WithCancel(context.Background())
+	c := x.around(alone, releaseOf("c"))
+	end()
+	waitFor("c counted", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.leaving == 1
+	})
 	c()
-	x.wait()
+	if got := <-released; got != "c" {
+		t.Fatalf("released %s, want c", got)
+	}
+
+	// One whose context has not ended is not counted, and waits at most
+	// the bound for one that never finishes.
+	stuck, endStuck := context.WithCancel(context.Background())
+	defer endStuck()
+	_ = x.around(stuck, func() {})
+	live := x.around(context.Background(), releaseOf("live"))
+	endStuck()
+	waitFor("the stuck one counted", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.leaving == 1
+	})
+	start := time.Now()
+	live() // not counted itself: it does not wait
+	<-released
+	if d := time.Since(start); d >= loop.ExitTimeout {
+		t.Fatalf("a release whose context had not ended waited %s", d)
+	}
+	ended, endIt := context.WithCancel(context.Background())
+	late := x.around(ended, releaseOf("late"))
+	endIt()
+	waitFor("late counted", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.leaving == 2
+	})
+	start = time.Now()
+	late()
+	<-released
+	if d := time.Since(start); d < loop.ExitTimeout {
+		t.Fatalf("released after %s while another ended one had its last round trip to do, want the bound %s", d, loop.ExitTimeout)
+	}
 }

@@ -197,17 +197,17 @@ func otherNode(g *testserver.Sentinel, addr string) string {
 // loaded machine and still fails a reader that waits for the demotion.
 const sentinelPlannedResume = 5 * time.Second
 
-// TestSentinelPlannedFailover asks the sentinels for a failover
-// (SENTINEL FAILOVER) while four publishers write and a router consumes,
-// with failover clients on go-redis defaults: consumption follows the new
-// master soon after the promotion, every message whose Publish returned nil
-// is delivered, and nothing stays pending.
 // The old master takes writes until the sentinels demote it, and loses
 // them then: an XACK sent to it after the promotion is gone, and its entry
 // stays pending on the new master until the subscription's claim takes it
 // back after ClaimMinIdle (docs/high-availability.md).
 const plannedSettle = valkeystream.DefaultClaimMinIdle + 10*time.Second
 
+// TestSentinelPlannedFailover asks the sentinels for a failover
+// (SENTINEL FAILOVER) while four publishers write and a router consumes,
+// with failover clients on go-redis defaults: consumption follows the new
+// master soon after the promotion, every message whose Publish returned nil
+// is delivered, and nothing stays pending.
 func TestSentinelPlannedFailover(t *testing.T) {
 	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
@@ -445,12 +445,6 @@ func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, to
 		t.Errorf("consumption resumed %s after the promotion, want at most %s", got, haResumeBound)
 	}
 	return run
-}
-
-// requireNothingPending waits until the group holds no pending entry.
-func requireNothingPending(t *testing.T, client redis.UniversalClient, key, group string) {
-	t.Helper()
-	requireNothingPendingWithin(t, client, key, group, 10*time.Second)
 }
 
 // requireNothingPendingWithin waits up to within until the group holds no

@@ -28,7 +28,7 @@ type Subscriber struct {
 	closing context.Context
 	life    lifecycle
 	wg      sync.WaitGroup // one per goroutine Close waits for
-	exits   exits          // a Close's last Acks before its name releases
+	exits   exits          // last Acks of the ends of a Close before their names' releases
 
 	stats    subscriberCounters
 	observe  deliveryHook // see SetDeliveryObserver

@@ -46,8 +46,6 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 ) *loop.Group {
 	cfg := s.loopConfig(key, lease.name)
 	pruner := s.newPruner(key, lease.name, logger)
-	left := s.exits.add()
-	release := s.keepName(ctx, cancel, lease, logger)
 	deps := loop.Deps{
 		Server: loop.NewRedisServer(s.config.Client, loop.RedisServerOptions{
 			Key: key, Group: cfg.Group, Consumer: cfg.Consumer,
@@ -73,15 +71,9 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			return err
 		},
 		Prune: func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
-		// Called once the loop has left (its last round trip done); on
-		// a Close, after the others' too (see exits.go).
-		Release: func() {
-			left()
-			if s.closing.Err() != nil {
-				s.exits.wait()
-			}
-			release()
-		},
+		// Called once the loop's last round trip is done; after those of
+		// the subscriptions that ended with it (see exits.go).
+		Release: s.exits.around(ctx, s.keepName(ctx, cancel, lease, logger)),
 		Inherit: lease.heir,
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.

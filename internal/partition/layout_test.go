@@ -80,13 +80,17 @@ func TestLayoutSpreadsOverTheSlotsForEveryCount(t *testing.T) {
 	}
 }
 
-// BenchmarkNewLayout computes the layout of the largest count, which every
-// Publisher and Subscriber of such a topic does once.
+// BenchmarkNewLayout computes the layout of a few counts, the largest
+// included, which every Publisher and Subscriber of such a topic does once.
 func BenchmarkNewLayout(b *testing.B) {
-	for b.Loop() {
-		if _, err := NewLayout("topic-with-a-longer-name", MaxPartitions); err != nil {
-			b.Fatal(err)
-		}
+	for _, n := range []int{16, 256, MaxPartitions} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := NewLayout("topic-with-a-longer-name", n); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

@@ -19,19 +19,22 @@ func TestExitsOrderTheReleasesOfSubscriptionsThatEndTogether(t *testing.T) {
 	releaseOf := func(name string) func() { return func() { released <- name } }
 	a, b := x.around(ctx, releaseOf("a")), x.around(ctx, releaseOf("b"))
 	cancel() // both end
-	waitFor := func(what string, cond func() bool) {
+	// waitCounted waits until n subscriptions count as leaving.
+	waitCounted := func(what string, n int) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			x.mu.Lock()
+			leaving := x.leaving
+			x.mu.Unlock()
+			if leaving == n {
+				return
+			}
 			if time.Now().After(deadline) {
-				t.Fatal(what)
+				t.Fatalf("%s: %d counted, want %d", what, leaving, n)
 			}
 		}
 	}
-	waitFor("both counted once their context ended", func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		return x.leaving == 2
-	})
+	waitCounted("both counted once their context ended", 2)
 	go a() // a's last round trip is done: it waits for b's
 	select {
 	case name := <-released:
@@ -51,11 +54,7 @@ func TestExitsOrderTheReleasesOfSubscriptionsThatEndTogether(t *testing.T) {
 	alone, end := context.WithCancel(context.Background())
 	c := x.around(alone, releaseOf("c"))
 	end()
-	waitFor("c counted", func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		return x.leaving == 1
-	})
+	waitCounted("c counted", 1)
 	c()
 	if got := <-released; got != "c" {
 		t.Fatalf("released %s, want c", got)
@@ -68,11 +67,7 @@ func TestExitsOrderTheReleasesOfSubscriptionsThatEndTogether(t *testing.T) {
 	_ = x.around(stuck, func() {})
 	live := x.around(context.Background(), releaseOf("live"))
 	endStuck()
-	waitFor("the stuck one counted", func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		return x.leaving == 1
-	})
+	waitCounted("the stuck one counted", 1)
 	start := time.Now()
 	live() // not counted itself: it does not wait
 	<-released
@@ -82,11 +77,7 @@ func TestExitsOrderTheReleasesOfSubscriptionsThatEndTogether(t *testing.T) {
 	ended, endIt := context.WithCancel(context.Background())
 	late := x.around(ended, releaseOf("late"))
 	endIt()
-	waitFor("late counted", func() bool {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		return x.leaving == 2
-	})
+	waitCounted("late counted", 2)
 	start = time.Now()
 	late()
 	<-released

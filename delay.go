@@ -279,7 +279,7 @@ func (s *Subscriber) startDelayedMover(ctx context.Context, key string, logField
 			Backoff: loop.Backoff,
 		})
 		// The subscription holds a count already, so Close cannot be past Wait.
-		s.spawn(func() { m.mover.Run(s.closing) })
+		s.spawn(func() { m.mover.Run(s.life.closing) })
 	})
 	m.mover.Add(ctx, key, delayedKey, s.logger.With(logFields))
 }

@@ -138,7 +138,7 @@ func (s *Subscriber) newPartitioned(ctx context.Context, cancel context.CancelFu
 		return nil, fmt.Errorf("valkeystream: subscribing to the partitions of topic %q: %w", topic, err)
 	}
 	health.setPartitions(l.Streams(), d.Owned)
-	release := s.exits.around(ctx, held.Keep(ctx, cancel, logger))
+	release := s.life.exits.around(ctx, held.Keep(ctx, cancel, logger))
 	return func(ctx context.Context) {
 		defer close(out)
 		defer release()

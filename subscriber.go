@@ -23,12 +23,7 @@ type Subscriber struct {
 	config SubscriberConfig
 	logger watermill.LoggerAdapter
 
-	// closing is cancelled by Close; every subscription's context derives
-	// from it.
-	closing context.Context
-	life    lifecycle
-	wg      sync.WaitGroup // one per goroutine Close waits for
-	exits   exits          // last Acks of the ends of a Close before their names' releases
+	life lifecycle
 
 	stats    subscriberCounters
 	observe  deliveryHook // see SetDeliveryObserver
@@ -43,7 +38,12 @@ type Subscriber struct {
 
 // lifecycle is how far a Subscriber is on its way to closed.
 type lifecycle struct {
-	cancel context.CancelFunc // cancels closing
+	// closing is cancelled by Close; every subscription's context derives
+	// from it.
+	closing context.Context
+	cancel  context.CancelFunc // cancels closing
+	wg      sync.WaitGroup     // one per goroutine Close waits for
+	exits   exits              // subscriptions' last Acks before their names' releases
 
 	mu     sync.Mutex // guards closed and wg.Add
 	closed bool
@@ -70,8 +70,7 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	s := &Subscriber{
 		config:     config,
 		logger:     logger,
-		closing:    closing,
-		life:       lifecycle{cancel: cancel},
+		life:       lifecycle{closing: closing, cancel: cancel},
 		partitions: partitions,
 	}
 	s.verbs = serverinfo.NewKnown(config.Client, config.BaselineVerbs)
@@ -100,23 +99,23 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := s.begin(); err != nil {
 		return err
 	}
-	defer s.wg.Done() // Close waits for the door before it may close the client
+	defer s.life.wg.Done() // Close waits for the door before it may close the client
 	if s.config.ConsumerGroup == "" {
 		return nil
 	}
-	return s.closedOr(s.openGroup(s.closing, s.config.KeyPrefix+topic))
+	return s.closedOr(s.openGroup(s.life.closing, s.config.KeyPrefix+topic))
 }
 
 // closedOr returns ErrSubscriberClosed in place of err when Close ended the
 // call that failed with err, else err.
 func (s *Subscriber) closedOr(err error) error {
-	if err != nil && s.closing.Err() != nil {
+	if err != nil && s.life.closing.Err() != nil {
 		return ErrSubscriberClosed
 	}
 	return err
 }
 
-// begin registers work that Close must wait for (call s.wg.Done when it
+// begin registers work that Close must wait for (call s.life.wg.Done when it
 // ends), or returns ErrSubscriberClosed.
 func (s *Subscriber) begin() error {
 	s.life.mu.Lock()
@@ -124,7 +123,7 @@ func (s *Subscriber) begin() error {
 	if s.life.closed {
 		return ErrSubscriberClosed
 	}
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	return nil
 }
 
@@ -132,9 +131,9 @@ func (s *Subscriber) begin() error {
 // subscription starts may spawn: its own count keeps Close from being past
 // Wait.
 func (s *Subscriber) spawn(f func()) {
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		f()
 	}()
 }
@@ -172,14 +171,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	// comes first; the loop watches nothing else. The watcher that cancels
 	// it on Close runs in a goroutine of its own, which Close waits for too.
 	runCtx, cancel := context.WithCancel(ctx)
-	s.wg.Add(1) // covered by begin's hold until the watcher is stopped or done
-	stopWatch := context.AfterFunc(s.closing, func() {
-		defer s.wg.Done()
+	s.life.wg.Add(1) // covered by begin's hold until the watcher is stopped or done
+	stopWatch := context.AfterFunc(s.life.closing, func() {
+		defer s.life.wg.Done()
 		cancel()
 	})
 	unwatch := func() {
 		if stopWatch() {
-			s.wg.Done() // the watcher never ran
+			s.life.wg.Done() // the watcher never ran
 		}
 	}
 	key := s.config.KeyPrefix + topic
@@ -188,7 +187,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.health.remove(health)
 		unwatch()
 		cancel()
-		s.wg.Done()
+		s.life.wg.Done()
 	}
 
 	out := make(chan *message.Message)
@@ -232,7 +231,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.startDelayedMover(runCtx, key, logFields)
 	}
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		defer health.end()
 		defer cancel()
 		defer unwatch()
@@ -254,7 +253,7 @@ func (s *Subscriber) Close() error {
 	s.life.closed = true
 	s.life.mu.Unlock()
 	s.life.cancel()
-	s.wg.Wait()
+	s.life.wg.Wait()
 	s.life.once.Do(func() {
 		if s.config.CloseClient {
 			if err := s.config.Client.Close(); err != nil {

@@ -73,7 +73,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		Prune: func(ctx context.Context) { _ = bounded.Call(ctx, func() { pruner.Prune(ctx) }) },
 		// Called once the loop's last round trip is done; after those of
 		// the subscriptions that ended with it (see exits.go).
-		Release: s.exits.around(ctx, s.keepName(ctx, cancel, lease, logger)),
+		Release: s.life.exits.around(ctx, s.keepName(ctx, cancel, lease, logger)),
 		Inherit: lease.heir,
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.

@@ -35,8 +35,8 @@ func Tag(key string) string {
 	return key
 }
 
-// Prefix is the hash of the start of keys without a hash tag, which the
-// slots of many keys that share it continue: Of(s+t) is
+// Prefix is the hash of the first bytes of keys without a hash tag, which
+// the slots of every key that begins with them continue: Of(s+t) is
 // PrefixOf(s).Slot(t) when s+t has no '{'.
 type Prefix uint16
 
@@ -44,19 +44,13 @@ type Prefix uint16
 func PrefixOf(s string) Prefix { return Prefix(crc16(0, s)) }
 
 // Slot returns the slot of the key that is p's start followed by rest.
-func (p Prefix) Slot(rest []byte) int {
-	crc := uint16(p)
-	for _, c := range rest {
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
-	}
-	return int(crc % Count)
-}
+func (p Prefix) Slot(rest []byte) int { return int(crc16(uint16(p), rest) % Count) }
 
 // crc16 continues the CRC-16/XMODEM crc (polynomial 0x1021, initial
-// value 0, no reflection, no final xor) over s.
-func crc16(crc uint16, s string) uint16 {
-	for i := 0; i < len(s); i++ {
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+// value 0, no reflection, no final xor) over b.
+func crc16[T string | []byte](crc uint16, b T) uint16 {
+	for i := 0; i < len(b); i++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b[i]]
 	}
 	return crc
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -41,6 +40,11 @@ type PartitionStats struct {
 	// over; its reads and Acks of that partition were refused by the
 	// server, and it stopped handling it.
 	Fenced int64
+	// LateHandOvers counts messages a handler took after their partition's
+	// ownership may have lapsed: the process was frozen (or stalled) while
+	// it offered them, and completed the offer when it ran again. Each
+	// one's context had ended by then (docs/partitions.md, "Fencing").
+	LateHandOvers int64
 }
 
 // PartitionStats returns the counters of the Subscriber's subscriptions of
@@ -50,7 +54,7 @@ func (s *Subscriber) PartitionStats() PartitionStats {
 	return PartitionStats{
 		Owned: c.Owned.Load(), Rebalances: c.Rebalances.Load(),
 		Acquired: c.Acquired.Load(), Released: c.Released.Load(), HandedOver: c.HandedOver.Load(),
-		Fenced: c.Lost.Load(),
+		Fenced: c.Lost.Load(), LateHandOvers: c.Late.Load(),
 	}
 }
 
@@ -183,15 +187,13 @@ func blockingWaits(client redis.UniversalClient) int {
 }
 
 // runPartition runs the loop of partition p while the subscription owns
-// it (until pctx ends), and forwards its messages to out. A message no
-// handler took when the loop ends is Nacked: it stays pending for the
-// partition's next owner, which takes it over first. A message whose
-// ownership may lapse (no renewal reached the server for nearly
-// PartitionOwnerTTL) is not handed over: the loop stops, and another
-// member may own the partition by then. When the partition moves while the
-// subscription goes on (a rebalance), it returns only once its last
-// message was settled, however long its handler takes, so that the next
-// owner never handles the partition alongside it.
+// it (until pctx ends), and hands its messages over to out, fenced by the
+// ownership (partition.HandOver: a message whose ownership may lapse is
+// not handed over, and the contexts of those handed over end when it may).
+// When the partition moves while the subscription goes on (a rebalance),
+// it returns only once its last message was settled, however long its
+// handler takes, so that the next owner never handles the partition
+// alongside it.
 func (s *Subscriber) runPartition(subCtx, pctx context.Context, topic, member string, p partition.Owned, health *subscriptionHealth,
 	logger watermill.LoggerAdapter, out chan<- *message.Message,
 ) {
@@ -216,31 +218,16 @@ func (s *Subscriber) runPartition(subCtx, pctx context.Context, topic, member st
 		defer close(ended)
 		g.Run(lctx)
 	}()
-	var last *message.Message
-	for msg := range pout {
-		if p.Expiring() {
-			plog.Error("Not delivering a message of a partition whose ownership may lapse: no renewal reached the server in time; the partition's loop stops", nil,
-				watermill.LogFields{"message_uuid": msg.UUID, "ownership_until": p.Ownership.Until().Format(time.RFC3339Nano)})
-			stop()
-			msg.Nack()
-			continue
-		}
-		msg.Metadata.Set(MetadataPartition, strconv.Itoa(p.Index))
-		select {
-		case out <- msg:
-			last = msg
-		case <-lctx.Done():
-			msg.Nack()
-		}
-	}
+	index := strconv.Itoa(p.Index)
+	partition.HandOver{
+		Fence:  p.Fence,
+		Out:    out,
+		Stop:   stop,
+		Mark:   func(msg *message.Message) { msg.Metadata.Set(MetadataPartition, index) },
+		Late:   func() { s.stats.partitions.Late.Add(1) },
+		Logger: plog,
+	}.Run(lctx, subCtx, pout)
 	<-ended
-	if last != nil && subCtx.Err() == nil {
-		select {
-		case <-last.Acked():
-		case <-last.Nacked():
-		case <-subCtx.Done():
-		}
-	}
 }
 
 // MetadataPartition is set on every message of a partitioned topic: the

@@ -66,6 +66,7 @@ func TestPartitionMetrics(t *testing.T) {
 	g.want(t, "valkeystream_partitions_owned", "subscriber=orders", 4)
 	g.want(t, "valkeystream_partition_acquired_total", "subscriber=orders", 4)
 	g.want(t, "valkeystream_partition_fenced_total", "subscriber=orders", 0)
+	g.want(t, "valkeystream_partition_late_hand_overs_total", "subscriber=orders", 0)
 	for _, s := range streams {
 		g.want(t, "valkeystream_partition_owned", "consumer=c,group=g,stream="+s+",subscriber=orders", 1)
 		if _, ok := g["valkeystream_group_pending"]["group=g,stream="+s]; !ok {

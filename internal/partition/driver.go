@@ -122,11 +122,13 @@ type Owned struct {
 	// Start is DriverConfig.Start, for the group door of a loop (see
 	// Partition.CreateGroup).
 	Start string
-	// Expiring reports whether the ownership's record may lapse soon by
+	// Fence is valid while messages of the partition may be handed over:
+	// until the ownership's record may lapse within two beats by
 	// this host's clock (no renewal reached the server for nearly the
-	// TTL): no message of the partition may be handed over then. The
-	// driver stops the loop on its next beat; this answers in between.
-	Expiring func() bool
+	// TTL), and never again once the driver found the ownership lost. The
+	// driver stops the loop on its next beat; the fence answers in
+	// between. Hand the loop's messages over with [HandOver].
+	Fence *Fence
 }
 
 // LoopConfig returns template for the partition: its stream, the group
@@ -201,6 +203,10 @@ type Driver struct {
 type DriverCounters struct {
 	Rebalances, Acquired, Released, Lost, HandedOver atomic.Int64
 	Owned                                            atomic.Int64
+	// Late counts the messages handed over after their fence stopped
+	// being valid (HandOver.Late), when the Run of DriverConfig counts
+	// them here.
+	Late atomic.Int64
 }
 
 // tenure is the driver's ownership of one partition, from its
@@ -211,6 +217,7 @@ type tenure struct {
 	cancel   context.CancelFunc // ends Run's ctx
 	stopping bool               // given to another member: released once it ends
 	lost     atomic.Bool        // fenced: never released
+	fence    *Fence             // lapsed when lost
 }
 
 // NewDriver returns the driver of the subscription of cfg.Member to the
@@ -418,17 +425,11 @@ func (d *Driver) renew(ctx context.Context) {
 		}
 	}
 	for _, t := range d.tenures {
-		if !t.lost.Load() && d.expiring(t.o) {
+		if !t.lost.Load() && !t.fence.Valid() {
 			d.lose(t, fmt.Errorf("%w: no renewal reached the server since %s, and the record may lapse at %s",
 				ErrFenced, t.o.Until().Add(-d.cfg.OwnerTTL).Format(time.RFC3339Nano), t.o.Until().Format(time.RFC3339Nano)))
 		}
 	}
-}
-
-// expiring reports whether o's record may lapse within two beats by this
-// host's clock: its loop must stop before it does.
-func (d *Driver) expiring(o *Ownership) bool {
-	return time.Now().Add(2 * d.cfg.Beat).After(o.Until())
 }
 
 // lose stops the loop of a partition whose ownership is lost, at once. It
@@ -438,6 +439,7 @@ func (d *Driver) lose(t *tenure, err error) {
 	if !t.lost.CompareAndSwap(false, true) {
 		return
 	}
+	t.fence.Lapse(err)
 	t.cancel()
 	d.stats.Lost.Add(1)
 	d.cfg.Logger.Error("Lost the ownership of a partition; its loop stops", err, watermill.LogFields{"partition": t.index})
@@ -473,7 +475,9 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 	}
 	d.stats.Acquired.Add(1)
 	pctx, cancel := context.WithCancel(ctx)
-	t := &tenure{index: i, o: o, cancel: cancel}
+	// The fence stops the hand-over two beats before the record may
+	// lapse, by this host's clock: the loop must stop before it does.
+	t := &tenure{index: i, o: o, cancel: cancel, fence: NewFence(o.Until, 2*d.cfg.Beat, time.Now)}
 	d.tenures[i] = t
 	srv := NewServer(o, ServerOptions{Hints: d.cfg.Hints, Lost: func(err error) { d.lose(t, err) }, Waits: d.cfg.Waits})
 	d.cfg.Logger.Debug("Acquired a partition", watermill.LogFields{"partition": i, "epoch": o.Token().Epoch})
@@ -481,8 +485,7 @@ func (d *Driver) acquire(ctx context.Context, i int) {
 		defer func() { d.finished <- t }() // buffered: one per partition
 		defer cancel()
 		if d.prepare(pctx, t) {
-			d.cfg.Run(pctx, Owned{Index: i, Ownership: o, Server: srv, Start: d.cfg.Start,
-				Expiring: func() bool { return d.expiring(o) }})
+			d.cfg.Run(pctx, Owned{Index: i, Ownership: o, Server: srv, Start: d.cfg.Start, Fence: t.fence})
 		}
 	}()
 }

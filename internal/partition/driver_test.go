@@ -251,20 +251,16 @@ func (m *member) runLoop(ctx context.Context, p Owned, msgs chan<- *message.Mess
 		},
 		Reopen: func(ctx context.Context) error { return p.Ownership.Partition().CreateGroup(ctx, p.Start) },
 	}
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
 	out := make(chan *message.Message)
 	g := loop.NewGroup(p.LoopConfig(loopTemplate), deps, out)
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		g.Run(ctx)
+		g.Run(lctx)
 	}()
-	for msg := range out {
-		select {
-		case msgs <- msg:
-		case <-ctx.Done():
-			msg.Nack() // no handler took it: it stays pending, for the next owner
-		}
-	}
+	HandOver{Fence: p.Fence, Out: msgs, Stop: stop}.Run(lctx, lctx, out)
 	<-ended
 }
 

@@ -147,23 +147,36 @@ type Ownership struct {
 	p     *Partition
 	token Token
 	ttl   time.Duration
-	// until is when the record lapses at the earliest, in unix
-	// nanoseconds by this host's clock: the send time of the acquisition
-	// or of the last renewal that succeeded, plus the TTL.
+	// until is when the record lapses at the earliest, by this host's
+	// monotonic clock, in nanoseconds since monoBase: the send time of the
+	// acquisition or of the last renewal that succeeded, plus the TTL. The
+	// monotonic clock, not the wall clock, so that a step of the system
+	// clock neither lengthens nor shortens an ownership.
 	until atomic.Int64
+}
+
+// monoBase is the origin of Ownership.until: a reading of the monotonic
+// clock, taken once.
+var monoBase = time.Now()
+
+// setUntil records that the record lapses at the earliest ttl after sent,
+// a time read with time.Now.
+func (o *Ownership) setUntil(sent time.Time, ttl time.Duration) {
+	o.until.Store(int64(sent.Add(ttl).Sub(monoBase)))
 }
 
 // newOwnership returns the ownership of token on p, whose record was
 // written with ttl by a call sent at sent.
 func newOwnership(p *Partition, token Token, ttl time.Duration, sent time.Time) *Ownership {
 	o := &Ownership{p: p, token: token, ttl: ttl}
-	o.until.Store(sent.Add(ttl).UnixNano())
+	o.setUntil(sent, ttl)
 	return o
 }
 
 // Until returns the earliest time the owner record may lapse: after it,
 // another member may own the partition, whatever this one's calls found.
-func (o *Ownership) Until() time.Time { return time.Unix(0, o.until.Load()) }
+// It carries a monotonic clock reading: compare it with time.Now.
+func (o *Ownership) Until() time.Time { return monoBase.Add(time.Duration(o.until.Load())) }
 
 // Token returns the ownership's token.
 func (o *Ownership) Token() Token { return o.token }
@@ -194,7 +207,7 @@ func (o *Ownership) Renew(ctx context.Context) (retaken bool, err error) {
 	case state == 0:
 		return false, o.fenced("renewal")
 	}
-	o.until.Store(sent.Add(o.ttl).UnixNano())
+	o.setUntil(sent, o.ttl)
 	return state == 2, nil
 }
 

@@ -21,3 +21,20 @@ func TestCrashAuditPartitionedStress(t *testing.T) {
 	p.PublishFor = 30 * time.Second
 	runCrashPartitioned(t, p)
 }
+
+// TestCrashAuditPartitionedFreezesStress is the full-size freeze audit: 24
+// freezes past PartitionOwnerTTL and 4 kills while 10 000 keyed messages
+// are published over 60 s (go test -tags stress -run
+// TestCrashAuditPartitionedFreezesStress -timeout 30m .).
+func TestCrashAuditPartitionedFreezesStress(t *testing.T) {
+	if !crashCanFreeze {
+		t.Skip("no SIGSTOP on this system")
+	}
+	p := crashPartitionedFreezesCI
+	p.Keys = 200
+	p.PerKey = 50
+	p.Kills = 4
+	p.Freezes = 24
+	p.PublishFor = 60 * time.Second
+	runCrashPartitioned(t, p)
+}

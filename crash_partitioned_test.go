@@ -46,7 +46,23 @@ import (
 //     at-least-once after a kill between a handling and its Ack;
 //   - overlaps: two handlings of one partition in different processes
 //     whose intervals (B to H, R or the process's death) intersect: one
-//     in flight per partition within the group.
+//     in flight per partition within the group; a handling that a freeze
+//     of its process interrupted is left out (the limit of fencing: a
+//     message in a handler's hands cannot be recalled);
+//   - handled after a move: a handling of an entry that began after a
+//     handling of the same entry with a delivery count as high or higher.
+//     Every delivery of an entry grows its count (the new owner's read of
+//     what it took over included), so a handling whose count went
+//     backwards is of a delivery that was another's by then: a stale
+//     owner's, which fencing forbids.
+//
+// Freezes (Freezes) stop a worker that owns partitions with SIGSTOP for
+// longer than PartitionOwnerTTL plus a beat, so that the others take its
+// partitions over, then resume it with SIGCONT. The worker checks each
+// message's context before its ledger line (as docs/partitions.md tells
+// handlers to), and the resumed worker must begin no handling of what it
+// lost: a send armed before the freeze completes on the thaw, and the
+// message's ended context is all that stops it.
 //
 // Ordering across processes by wall clock is sound here: within a process
 // the lines are in write order, which time.Now (CLOCK_REALTIME, one clock
@@ -78,6 +94,8 @@ type crashPartitionedParams struct {
 	HandleTime time.Duration    // every handling takes this long
 	OwnerTTL   time.Duration    // PartitionOwnerTTL of the workers
 	RetryProb  float64          // probability that a handling asks for a retry
+	Freezes    int              // SIGSTOPs, among the kills (after the same pause)
+	FreezeFor  [2]time.Duration // how long each holds, uniform; zero: OwnerTTL plus 0.6 s to 1.2 s
 }
 
 // crashPartitionedCI is the size of the audit in the normal test run.
@@ -92,6 +110,34 @@ var crashPartitionedCI = crashPartitionedParams{
 	HandleTime: time.Millisecond,
 	OwnerTTL:   time.Second,
 	RetryProb:  0.02,
+}
+
+// crashPartitionedFreezesCI is the size of the freeze audit in the normal
+// test run: handlings of 3 ms and a publish rate near what three workers
+// handle, so that a worker's partitions have messages waiting (offers
+// armed) when it is frozen.
+var crashPartitionedFreezesCI = crashPartitionedParams{
+	Partitions: 8,
+	Workers:    3,
+	Keys:       100,
+	PerKey:     50,
+	Kills:      1,
+	Freezes:    5,
+	KillEvery:  [2]time.Duration{500 * time.Millisecond, 900 * time.Millisecond},
+	PublishFor: 11 * time.Second,
+	HandleTime: 3 * time.Millisecond,
+	OwnerTTL:   time.Second,
+}
+
+// TestCrashAuditPartitionedFreezes freezes consumers of a partitioned topic
+// past their ownership (5 freezes, 1 kill): nothing lost, order kept, and
+// no handling by a thawed worker of a partition it lost. The full size is
+// TestCrashAuditPartitionedFreezesStress (go test -tags stress).
+func TestCrashAuditPartitionedFreezes(t *testing.T) {
+	if !crashCanFreeze {
+		t.Skip("no SIGSTOP on this system")
+	}
+	runCrashPartitioned(t, crashPartitionedFreezesCI)
 }
 
 // TestCrashAuditPartitioned kills the consumers of a partitioned topic
@@ -116,6 +162,10 @@ type crashPartitionedResult struct {
 	begunAgain    int // messages with more than one B line (retries included)
 	retried       int // R lines
 	overlaps      int // pairs of intersecting handlings of one partition in two processes
+	frozenInHand  int // handlings a freeze of their process interrupted (left out of overlaps)
+	afterMove     int // handlings of an entry begun after one of it with as high a delivery count
+	freezes       int
+	lateHandOvers int // messages the workers took with their context ended (PartitionStats.LateHandOvers)
 	clockSteps    int // ledger lines stamped earlier than the line before in their ledger
 	maxDC         int
 	gaps          []time.Duration // kill to the next handling of each partition the victim owned
@@ -148,13 +198,22 @@ type crashPartitionedKill struct {
 	pending int // entries pending to the victim in the partitions' groups
 }
 
+// crashPartitionedFreeze is one freeze: the worker, and when it was
+// stopped and resumed.
+type crashPartitionedFreeze struct {
+	w        *crashWorker
+	from, to int64 // Unix nanoseconds
+	owned    int   // partitions it owned when stopped
+}
+
 type crashPartitioned struct {
 	crashRig
 	p      crashPartitionedParams
 	layout *partition.Layout
 
-	recs  map[*crashWorker][]audit.Record
-	kills []crashPartitionedKill
+	recs    map[*crashWorker][]audit.Record
+	kills   []crashPartitionedKill
+	freezes []crashPartitionedFreeze
 	// seenRecords are the owner records read at the kills (an epoch
 	// counts the acquisitions of one partition: the same record may name
 	// two partitions).
@@ -191,7 +250,12 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 
 	var sameName, abandoned int
 	var lastKill time.Time
-	for k := 0; k < p.Kills; k++ {
+	// Which rounds freeze instead of kill: drawn at the start.
+	freezeRound := map[int]bool{}
+	for _, r := range a.rng.Perm(p.Kills + p.Freezes)[:p.Freezes] {
+		freezeRound[r] = true
+	}
+	for k := 0; k < p.Kills+p.Freezes; k++ {
 		a.sleepRandom(p.KillEvery[0], p.KillEvery[1])
 		for _, w := range slots {
 			if w.exited() {
@@ -218,6 +282,11 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 			}
 		}
 		victim := slots[slot]
+		if freezeRound[k] {
+			a.freeze(victim)
+			lastKill = time.Now()
+			continue
+		}
 		a.kill(victim)
 		lastKill = time.Now()
 		name := victim.name
@@ -270,11 +339,14 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 	for _, w := range slots {
 		a.stop(w)
 	}
+	late := a.lateHandOvers()
 	a.readLedgers()
 	require.True(t, a.settled(true), "the partitions' groups after the last workers stopped")
 
 	r := a.judge(pub)
 	r.kills = len(a.kills)
+	r.freezes = len(a.freezes)
+	r.lateHandOvers = late
 	derived := 0 // runs whose lease gave another name than -consumer
 	for _, w := range a.all {
 		if m := a.member(w); m != "" && m != w.name {
@@ -287,6 +359,8 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 		r.kills, sameName, derived, abandoned, a.spawns, r.killsOwning, r.killsPending, r.pendingAtKill)
 	t.Logf("outcome: %d lost, %d out of order by first handling began (%d by first handling finished), %d handled more than once (%d extra handlings), %d begun more than once, %d retries asked for, max delivery count %d, %d overlapping handlings of a partition, %d clock steps backwards in a ledger",
 		r.lost, r.outOfOrderB, r.outOfOrderH, r.handledAgain, r.extraHandled, r.begunAgain, r.retried, r.maxDC, r.overlaps, r.clockSteps)
+	t.Logf("freezes: %d (SIGSTOP past PartitionOwnerTTL, then SIGCONT); %d handlings interrupted by a freeze (handled again by the new owner: the limit); %d messages taken with their context ended (late hand-overs, not handled); %d handlings after a move",
+		r.freezes, r.frozenInHand, r.lateHandOvers, r.afterMove)
 	t.Logf("takeover gaps (kill to the next handling of each partition the victim owned, %d partitions): %s; last kill to drained %s; wall time %s",
 		len(r.gaps), crashGapSummary(r.gaps), drained.Round(time.Millisecond), time.Since(start).Round(100*time.Millisecond))
 
@@ -299,6 +373,9 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 	}
 	if r.overlaps > 0 {
 		t.Errorf("%d pairs of handlings of one partition in two processes at once (seed %d)", r.overlaps, seed)
+	}
+	if r.afterMove > 0 {
+		t.Errorf("%d handlings of an entry by a worker that had lost it: begun after a handling of the same entry with as high a delivery count (seed %d)", r.afterMove, seed)
 	}
 	return r
 }
@@ -396,6 +473,46 @@ func (a *crashPartitioned) kill(w *crashWorker) {
 		k.pending += len(pend)
 	}
 	a.kills = append(a.kills, k)
+}
+
+// freeze stops the worker with SIGSTOP for FreezeFor, then resumes it
+// with SIGCONT.
+func (a *crashPartitioned) freeze(w *crashWorker) {
+	t := a.t
+	t.Helper()
+	hold := a.p.FreezeFor
+	if hold == [2]time.Duration{} {
+		hold = [2]time.Duration{a.p.OwnerTTL + 600*time.Millisecond, a.p.OwnerTTL + 1200*time.Millisecond}
+	}
+	f := crashPartitionedFreeze{w: w}
+	require.NoError(t, crashStop(w.cmd.Process))
+	f.from = time.Now().UnixNano()
+	for i, record := range a.ownerRecords() {
+		if a.owns(w, i, record) {
+			f.owned++
+		}
+	}
+	a.sleepRandom(hold[0], hold[1]) // the freeze is the scenario: it must outlast the ownership
+	f.to = time.Now().UnixNano()
+	require.NoError(t, crashCont(w.cmd.Process))
+	a.freezes = append(a.freezes, f)
+}
+
+// lateHandOvers adds up the LateHandOvers the workers that stopped
+// gracefully logged.
+func (a *crashPartitioned) lateHandOvers() int {
+	n := 0
+	for _, w := range a.all {
+		data, err := os.ReadFile(w.logPath)
+		require.NoError(a.t, err)
+		if _, after, ok := strings.Cut(string(data), "LateHandOvers:"); ok {
+			v, _, _ := strings.Cut(after, "}")
+			k, err := strconv.Atoi(strings.TrimSpace(v))
+			require.NoError(a.t, err, "LateHandOvers in %s", w.logPath)
+			n += k
+		}
+	}
+	return n
 }
 
 // member returns the member id of the worker's subscription: its consumer
@@ -497,6 +614,7 @@ type crashHandling struct {
 	w          *crashWorker
 	part       int
 	begin, end int64
+	frozen     bool // a freeze of its process began while it ran
 }
 
 // judge reads the ledgers against what was published.
@@ -631,13 +749,24 @@ func (a *crashPartitioned) judge(pub crashPartitionedPublished) crashPartitioned
 	// One handling per partition at a time: intervals of one partition in
 	// two processes must not intersect.
 	byPart := make([][]crashHandling, a.p.Partitions)
-	for _, h := range handlings {
-		byPart[h.part] = append(byPart[h.part], h)
+	for i, h := range handlings {
+		for _, f := range a.freezes {
+			if f.w == h.w && h.begin < f.from && h.end > f.from {
+				handlings[i].frozen = true
+				r.frozenInHand++
+				break
+			}
+		}
+		byPart[h.part] = append(byPart[h.part], handlings[i])
 	}
+	r.afterMove = a.afterMove()
 	for p, hs := range byPart {
 		sort.Slice(hs, func(i, j int) bool { return hs[i].begin < hs[j].begin })
 		var reach crashHandling // the handling reaching furthest so far
 		for i, h := range hs {
+			if h.frozen {
+				continue
+			}
 			if i > 0 && h.begin < reach.end && h.w != reach.w {
 				r.overlaps++
 				if r.overlaps <= 3 {
@@ -645,7 +774,7 @@ func (a *crashPartitioned) judge(pub crashPartitionedPublished) crashPartitioned
 						p, reach.w.name, reach.w.gen, reach.begin, reach.end, h.w.name, h.w.gen, h.begin)
 				}
 			}
-			if i == 0 || h.end > reach.end {
+			if reach.w == nil || h.end > reach.end {
 				reach = h
 			}
 		}
@@ -680,6 +809,49 @@ func (a *crashPartitioned) judge(pub crashPartitionedPublished) crashPartitioned
 	}
 	slices.Sort(r.gaps)
 	return r
+}
+
+// afterMove counts the handlings (B lines) of an entry begun after a
+// handling of the same entry with a delivery count as high or higher, and
+// logs the first few.
+func (a *crashPartitioned) afterMove() int {
+	type began struct {
+		w   *crashWorker
+		rec audit.Record
+	}
+	// An entry id names an entry of one partition's stream: the streams
+	// of one topic share ids.
+	type entry struct {
+		part int
+		id   string
+	}
+	byEntry := map[entry][]began{}
+	for _, w := range a.all {
+		for _, rec := range a.recs[w] {
+			if rec.Kind == audit.Began {
+				e := entry{valkeystream.PartitionOf(rec.Key, a.p.Partitions), rec.EntryID}
+				byEntry[e] = append(byEntry[e], began{w, rec})
+			}
+		}
+	}
+	n := 0
+	for e, bs := range byEntry {
+		sort.Slice(bs, func(i, j int) bool { return bs[i].rec.At < bs[j].rec.At })
+		highest := 0
+		var by began
+		for _, b := range bs {
+			if b.rec.Count <= highest {
+				n++
+				if n <= 3 {
+					a.t.Logf("handled after a move: entry %s of partition %d (key %s, message %d) begun by %s (run %d) with delivery count %d %s after %s (run %d) began it with count %d",
+						e.id, e.part, b.rec.Key, b.rec.Seq, b.w.name, b.w.gen, b.rec.Count, time.Duration(b.rec.At-by.rec.At), by.w.name, by.w.gen, by.rec.Count)
+				}
+				continue
+			}
+			highest, by = b.rec.Count, b
+		}
+	}
+	return n
 }
 
 // crashGapSummary is the min, median, 90th percentile and max of gaps,

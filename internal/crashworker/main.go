@@ -31,7 +31,10 @@
 // sequence number within the key (metadata "seq"), and the ledger lines are
 // keyed ones (audit.Writer.Keyed), stamped with the wall clock. A message
 // delivered with a MetadataPartition other than its key's partition ends
-// the worker with status 4.
+// the worker with status 4. A message whose context has ended when the
+// handler begins (its partition may be another member's: the worker was
+// frozen past its ownership) is Nacked without a ledger line, as the docs
+// tell handlers of partitioned topics to do.
 //
 // -handle-time makes every handling take that long (a sleep between the
 // ledger's B and H lines), on top of the random delays. With -retry-prob the
@@ -262,7 +265,16 @@ func main() {
 	if dedupe != nil {
 		handle = dedupe.Middleware(handle)
 	}
+	fenced := 0
 	for m := range msgs {
+		if *partitions > 0 && m.Context().Err() != nil {
+			// As a handler of a partitioned topic should: its partition
+			// may be another member's now (docs/partitions.md, "Fencing"),
+			// so nothing is done and nothing written.
+			fenced++
+			m.Nack()
+			continue
+		}
 		var marked int64
 		if dedupe != nil {
 			marked = dedupe.Stats().Marked
@@ -298,7 +310,7 @@ func main() {
 	_ = ledger.Close()
 	fmt.Fprintf(os.Stderr, "crashworker: %s handled %d messages (%d retries asked for); stats %+v\n", *consumer, handled, retried, sub.Stats())
 	if *partitions > 0 {
-		fmt.Fprintf(os.Stderr, "crashworker: %s partition stats %+v\n", *consumer, sub.PartitionStats())
+		fmt.Fprintf(os.Stderr, "crashworker: %s partition stats %+v; %d messages skipped for their ended context\n", *consumer, sub.PartitionStats(), fenced)
 	}
 	if dedupe != nil {
 		fmt.Fprintf(os.Stderr, "crashworker: %s deduplication stats %+v\n", *consumer, dedupe.Stats())

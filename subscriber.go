@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/echomq/valkeystream/internal/coalesce"
 	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/serverinfo"
 	"github.com/echomq/valkeystream/internal/sharedread"
@@ -32,6 +33,7 @@ type Subscriber struct {
 	verbs    *serverinfo.Known // the server's newer verbs (verbs.go)
 
 	shared     *sharedread.Registry // blocking reads shared by subscriptions
+	pipes      *coalesce.Pipes      // the last round trips of subscriptions ending together
 	delayed    delayedMoves         // moves due delayed messages; see delay.go
 	partitions *partitionedTopics   // the layouts of Partitions; see partitioned.go
 }
@@ -74,6 +76,7 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 		partitions: partitions,
 	}
 	s.verbs = serverinfo.NewKnown(config.Client, config.BaselineVerbs)
+	s.pipes = coalesce.New(config.Client, blockingWaits(config.Client))
 	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
 	if config.ClaimInterval != NoReclaim {
 		s.shared.ClaimInReads(func() time.Duration {

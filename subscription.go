@@ -56,6 +56,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			Verbs:        s.serverVerbs,
 			Forget:       s.verbs.Forget,
 			Cached:       s.verbs.Cached,
+			Pipes:        s.pipes,
 		}),
 		Counters: &s.stats.Counters,
 		Logger:   logger,

@@ -41,12 +41,14 @@ return 0
 // releaseScript deletes the lease if it is still ours.
 //
 // KEYS[1] lease key, ARGV[1] token.
-var releaseScript = redis.NewScript(`
+var releaseScript = redis.NewScript(releaseSource)
+
+const releaseSource = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-`)
+`
 
 // Keep starts, through Deps.Spawn, the keeper goroutine that renews the
 // taken lease until ctx ends, and returns the release that the
@@ -119,6 +121,19 @@ func (l *Lease) keep(ctx context.Context, lost context.CancelFunc) {
 	}
 }
 
+// sendRelease runs the release script: in a pipeline shared with the
+// releases of other subscriptions ending at the same time when Deps.Pipes
+// is set (EVAL with the source, so that none of them needs the script
+// loaded first), else on its own.
+func (l *Lease) sendRelease(ctx context.Context) error {
+	if l.deps.Pipes == nil {
+		return releaseScript.Run(ctx, l.deps.Client, []string{l.key}, l.token).Err()
+	}
+	cmd := redis.NewCmd(ctx, "eval", releaseSource, 1, l.key, l.token)
+	l.deps.Pipes.Exec(ctx, []redis.Cmder{cmd})
+	return cmd.Err()
+}
+
 // release waits for keep to return, then deletes the lease if it is still
 // ours, so that a new subscription gets the name at once.
 func (l *Lease) release() {
@@ -127,7 +142,7 @@ func (l *Lease) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	var released error
-	err := bounded.Call(ctx, func() { released = releaseScript.Run(ctx, l.deps.Client, []string{l.key}, l.token).Err() })
+	err := bounded.Call(ctx, func() { released = l.sendRelease(ctx) })
 	if err == nil {
 		err = released
 	}

@@ -31,6 +31,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/internal/coalesce"
 )
 
 // Config is what the lease of one subscription's consumer name reads, with
@@ -58,6 +60,10 @@ type Deps struct {
 	// TakeError says what a failure to take the lease on name means to the
 	// caller of Subscribe.
 	TakeError func(name string, err error) error
+	// Pipes, unless nil, carries the release in a pipeline shared with the
+	// releases of the other subscriptions on the client that end at the
+	// same time.
+	Pipes *coalesce.Pipes
 }
 
 // Key returns the key of the lease on consumer name of group on stream.

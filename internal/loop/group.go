@@ -628,7 +628,7 @@ func (l *Group) leave() {
 	if len(ids) == 0 && len(back) == 0 && len(deferred) == 0 {
 		return
 	}
-	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back, Later: deferred})
+	r := l.deps.Server.Send(ctx, Trip{Acks: ids, HandBack: back, Later: deferred, Last: true})
 	l.acks.failed(l.acks.landed(ids, r))
 	if len(back) == 0 && len(deferred) == 0 {
 		return

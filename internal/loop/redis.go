@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream/internal/bounded"
+	"github.com/echomq/valkeystream/internal/coalesce"
 	"github.com/echomq/valkeystream/internal/failover"
 	"github.com/echomq/valkeystream/internal/serverinfo"
 )
@@ -53,6 +54,11 @@ type RedisServerOptions struct {
 	// Cached returns the verbs when they are known, without a call: most
 	// calls, which then need no bound of their own.
 	Cached func() (serverinfo.Verbs, bool)
+	// Pipes, unless nil, sends the last round trip of the subscription
+	// (Trip.Last) in a pipeline shared with the last round trips of the
+	// other subscriptions on the client that end at the same time, so
+	// that many ending at once need few connections.
+	Pipes *coalesce.Pipes
 }
 
 // NewRedisServer returns the Server of the subscription o names, through
@@ -128,7 +134,11 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 	for _, e := range t.Later {
 		back = append(back, pipe.Do(ctx, HandBackIdleArgs(s.keys[0], s.opt.Group, s.opt.Consumer, []string{e.ID}, e.Idle)...))
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if t.Last && s.opt.Pipes != nil {
+		s.opt.Pipes.Exec(ctx, pipe.Cmds())
+	} else {
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+	}
 	var r TripReply
 	if ack != nil {
 		r.Acked, r.AckErr = ack.acked()

@@ -63,6 +63,10 @@ type Trip struct {
 	// Later are deferred entries handed back, each with the idle time that
 	// makes a peer's claim take it when it is due.
 	Later []Later
+	// Last marks the last round trip of a subscription that ends: a
+	// Server may send it together with the last round trips of others
+	// ending at the same time (see RedisServerOptions.Pipes).
+	Last bool
 }
 
 // Later is a deferred entry handed back: XCLAIM ... IDLE <Idle> JUSTID on

@@ -130,7 +130,7 @@ func (reg *Registry) ClaimInReads(claim func() time.Duration) { reg.claim = clai
 // connection.
 type reader struct {
 	reg      *Registry
-	conn     readConn // see newReader
+	conn     *readerConn // see newReader
 	consumer string
 	logger   watermill.LoggerAdapter
 
@@ -267,18 +267,18 @@ func (reg *Registry) newReader(ctx context.Context, consumer, key string) (*read
 		// and the next one goes to the new master. A client of its own, made
 		// from a copy of the options, would stay on the old master until it
 		// is demoted.
-		r.conn = reg.client.EphemeralConn()
+		r.conn = newReaderConn(reg.client.EphemeralConn())
 	} else {
-		r.conn = reg.newOwnConn(r)
+		r.conn = newReaderConn(reg.newOwnConn(r))
 	}
 	if err := r.learnID(ctx); err != nil {
 		r.sig.stopNow()
-		_ = r.conn.Close()
+		r.conn.Close()
 		return nil, err
 	}
 	if _, err := r.interrupt(ctx); err != nil {
 		r.sig.stopNow()
-		_ = r.conn.Close()
+		r.conn.Close()
 		return nil, err
 	}
 	return r, nil
@@ -346,8 +346,7 @@ func (reg *Registry) newOwnConn(r *reader) *redis.Client {
 func (r *reader) learnID(ctx context.Context) error {
 	var id int64
 	var err error
-	conn := r.conn // reconnect may replace it while an abandoned call still runs
-	if berr := bounded.Call(ctx, func() { id, err = conn.ClientID(ctx).Result() }); berr != nil {
+	if berr := r.conn.call(ctx, func(c readConn) { id, err = c.ClientID(ctx).Result() }); berr != nil {
 		return berr
 	}
 	if err != nil {
@@ -506,11 +505,12 @@ func signal(c chan struct{}) {
 }
 
 // readLoop sends the shared read while subscriptions wait, and hands out
-// what it brings, until the last member has left.
+// what it brings, until the last member has left. A read it gave up on
+// closes the connection when it returns (see readerConn).
 func (r *reader) readLoop() {
 	defer close(r.sig.done)
 	defer r.sig.stopNow()
-	defer func() { _ = r.conn.Close() }()
+	defer func() { r.conn.Close() }() // reconnect may have replaced it
 	for {
 		r.mu.Lock()
 		for !r.st.ending && !r.nextReadLocked() {
@@ -532,11 +532,14 @@ func (r *reader) readLoop() {
 		// taken, and the loops drain them.
 		var res []redis.XStream
 		var err error
-		if berr := bounded.Call(r.sig.stop, func() { res, err = r.read() }); berr != nil {
+		if berr := r.conn.call(r.sig.stop, func(c readConn) { res, err = r.read(c) }); berr != nil {
 			// The reader ends, and neither its interrupt nor its block
 			// time ended the read (the network is cut): the entries it may
 			// take stay pending for the consumer name, for its next drain
-			// or a peer's claim after ClaimMinIdle.
+			// or a peer's claim after ClaimMinIdle. The read goes on, and
+			// closes the connection when it returns. (Only this loop
+			// closes the connection, so the call is never refused for a
+			// closed one.)
 			r.logger.Error("The shared read did not end as the reader ended; entries it may have taken are drained by this consumer name or reclaimed by peers after ClaimMinIdle", berr, nil)
 			return
 		}
@@ -547,12 +550,12 @@ func (r *reader) readLoop() {
 	}
 }
 
-// read sends the read prepared by nextReadLocked (see loop.BlockingRead:
-// a client of its own reads without retries, a connection of the user's
-// client as go-redis does).
-func (r *reader) read() ([]redis.XStream, error) {
-	_, own := r.conn.(*redis.Client)
-	return loop.BlockingRead(context.Background(), r.conn, own, loop.ReadArgs{Group: r.reg.group, Consumer: r.consumer,
+// read sends the read prepared by nextReadLocked over c, the reader's
+// connection (see loop.BlockingRead: a client of its own reads without
+// retries, a connection of the user's client as go-redis does).
+func (r *reader) read(c readConn) ([]redis.XStream, error) {
+	_, own := c.(*redis.Client)
+	return loop.BlockingRead(context.Background(), c, own, loop.ReadArgs{Group: r.reg.group, Consumer: r.consumer,
 		Count: r.st.count, Block: r.reg.block, Claim: r.st.claim, Streams: r.streams})
 }
 
@@ -560,12 +563,12 @@ func (r *reader) read() ([]redis.XStream, error) {
 // failed read: a failed one stays failed. (A client of its own connects
 // again by itself.)
 func (r *reader) reconnect() {
-	if _, ok := r.conn.(*redis.Conn); !ok {
+	if r.conn.own {
 		return
 	}
-	_ = r.conn.Close()
+	r.conn.Close()
 	r.setID(0)
-	r.conn = r.reg.client.EphemeralConn()
+	r.conn = newReaderConn(r.reg.client.EphemeralConn())
 	// Its id is learned before the next read; until then an interrupt
 	// finds no read of it, and is tried again shortly.
 	ctx, cancel := context.WithTimeout(r.sig.stop, r.reg.block+time.Second)

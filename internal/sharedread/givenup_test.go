@@ -1,0 +1,173 @@
+package sharedread
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/echomq/valkeystream/internal/testserver"
+)
+
+// TestAReadGivenUpClosesItsConnectionWhenItReturns ends a shared reader
+// while its read hangs on a frozen master, so that the reader gives the
+// read up (endGrace after its last member left, then bounded.Grace) and
+// ends while the read goes on. On a Sentinel client the reader reads over a
+// connection of the client's pool (a *redis.Conn), whose Close closes the
+// channel that a call in progress sends the connection back on when it
+// returns: closing it before the read returned is a data race, which -race
+// reports. The reader must end without waiting for the read (a
+// Subscriber's Close is bounded), and its connection must be closed once
+// the read has returned.
+//
+// The race detector takes every write to a socket as ordered before every
+// later read from one, so after the reader ended this test sends nothing
+// until the reader's connection is closed: a command sent then would order
+// the Close before the read's return, and hide the race. It waits for that
+// Close where the connection is dialed instead.
+func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
+	testserver.Parallel(t)
+	g := testserver.StartSentinel(t)
+	ctx := context.Background()
+	var dialed dialedConns
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: testserver.SentinelMasterName, SentinelAddrs: g.SentinelAddrs(), Dialer: dialed.dial,
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	masterAddr, err := g.Master(ctx)
+	require.NoError(t, err)
+	master := g.Node(masterAddr)
+	require.NotNil(t, master, "no data node at the master's address %s", masterAddr)
+	admin := redis.NewClient(&redis.Options{Addr: masterAddr})
+	t.Cleanup(func() { _ = admin.Close() })
+
+	key := "given-up-" + watermill.NewShortUUID()
+	require.NoError(t, admin.XGroupCreateMkStream(ctx, key, "g", "$").Err())
+
+	var wg sync.WaitGroup
+	spawn := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	var faults atomic.Int64
+	logger := watermill.NewCaptureLogger()
+	// The block is long enough that the read found blocked below is still
+	// blocked when the master is frozen.
+	reg := NewRegistry(client, "g", 3*time.Second, logger, &faults, spawn)
+	m := reg.Join(ctx, "c", key)
+	require.NotNil(t, m, "no shared reader")
+	r := m.r
+	_, userConn := r.conn.rc.(*redis.Conn)
+	require.True(t, userConn, "the shared reader of a Sentinel client reads over a %T, want a *redis.Conn of the client's pool", r.conn.rc)
+
+	waitCtx, stopWait := context.WithCancel(ctx)
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		_, _ = m.Wait(waitCtx, 10, -1)
+	}()
+
+	id := r.id()
+	require.NotZero(t, id, "the reader's CLIENT ID")
+	var line string
+	require.Eventually(t, func() bool {
+		line, err = admin.Do(ctx, "CLIENT", "LIST", "ID", id).Text()
+		require.NoError(t, err)
+		return strings.Contains(line, "cmd=xreadgroup")
+	}, 10*time.Second, 5*time.Millisecond, "the shared read never reached the server")
+	readerNet := dialed.find(t, clientField(line, "addr"))
+
+	require.NoError(t, master.Freeze())
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			require.NoError(t, master.Thaw())
+		}
+	}
+	defer thaw()
+	stopWait()
+	<-waited
+	m.Leave() // the last member: the reader ends, and its interrupt waits on the frozen server
+	select {
+	case <-r.sig.done:
+	case <-time.After(30 * time.Second): // a bound against a hang, not a measure
+		t.Fatal("the reader did not end while its read hung: a Subscriber's Close would wait for the read")
+	}
+	require.True(t, logger.HasError(context.Canceled),
+		"the reader did not log that it gave its read up: the read did not outlive its bound")
+
+	// The read returns once the server runs the interrupt it holds (or at
+	// its block time). Nothing is sent until the connection is closed.
+	thaw()
+	select {
+	case <-readerNet.closed:
+	case <-time.After(30 * time.Second): // a bound against a hang, not a measure
+		t.Fatalf("the reader's connection (CLIENT ID %d) was not closed after its read returned", id)
+	}
+	wg.Wait()
+}
+
+// dialedConns records the connections a client dials, so that a test can
+// wait for one to be closed without sending anything.
+type dialedConns struct {
+	mu    sync.Mutex
+	conns []*closeWatch
+}
+
+// closeWatch is a connection whose closed is closed by its first Close.
+type closeWatch struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *closeWatch) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+func (d *dialedConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	w := &closeWatch{Conn: c, closed: make(chan struct{})}
+	d.mu.Lock()
+	d.conns = append(d.conns, w)
+	d.mu.Unlock()
+	return w, nil
+}
+
+// find returns the connection whose local address is addr (as the server
+// names its client).
+func (d *dialedConns) find(t *testing.T, addr string) *closeWatch {
+	t.Helper()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		if c.LocalAddr().String() == addr {
+			return c
+		}
+	}
+	t.Fatalf("no connection dialed from %s", addr)
+	return nil
+}
+
+// clientField returns the value of name in a line of CLIENT LIST.
+func clientField(line, name string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}

@@ -64,4 +64,11 @@
 // ownerships of the same member differ. [Server] is the loop.Server of one
 // owned partition, built on those scripts, and [Driver] runs the protocol
 // for one subscription, starting a loop for each partition it owns.
+//
+// What the server cannot see, the owner fences itself: a [Fence] per
+// ownership is valid by the process's monotonic clock until two beats
+// before the record may lapse with no renewal since, and [HandOver] gives
+// the loop's messages to the handlers only while it is, with message
+// contexts that end when it is not (checked by the clock at every Err, so
+// that a process frozen and thawed learns it before its driver's beat).
 package partition

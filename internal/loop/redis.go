@@ -20,12 +20,19 @@ import (
 // RedisServer is the Server of one group subscription on a go-redis client:
 // every call goes through the user's client, but blocking reads, which go
 // through a reader of their own (reader.go) where the client is a
-// *redis.Client or a *redis.ClusterClient.
+// *redis.Client or a *redis.ClusterClient, and through a connection of its
+// pool where it is a Sentinel client.
 type RedisServer struct {
-	client        redis.UniversalClient
-	readerMu      sync.Mutex // guards reader, which Block replaces and Interrupt closes
-	reader        BlockingReader
-	ownReader     bool
+	client redis.UniversalClient
+	connMu sync.Mutex // guards conn, which Block replaces, and interrupted
+	// reader is what blocking reads go through unless conn is set: a
+	// client of the subscription's own (ownReader), or the user's client.
+	reader    BlockingReader
+	ownReader bool
+	// conn, when set, is the connection of the user's pool that blocking
+	// reads go through (see newBlockingReader).
+	conn          *poolConn
+	interrupted   bool     // Interrupt was called: no read starts any more
 	keys          []string // the stream key, as the scripts take it
 	opt           RedisServerOptions
 	readerHints   failover.Hints
@@ -65,7 +72,13 @@ type RedisServerOptions struct {
 // client.
 func NewRedisServer(client redis.UniversalClient, o RedisServerOptions) *RedisServer {
 	reader, own := newBlockingReader(client, o.BlockTime)
-	return &RedisServer{client: client, reader: reader, ownReader: own, keys: []string{o.Key}, opt: o}
+	s := &RedisServer{client: client, ownReader: own, keys: []string{o.Key}, opt: o}
+	if c, ok := reader.(*redis.Conn); ok {
+		s.conn = &poolConn{conn: c}
+	} else {
+		s.reader = reader
+	}
+	return s
 }
 
 // verbs returns the newer verbs the server has; a probe the context ends
@@ -164,7 +177,9 @@ func (s *RedisServer) send(ctx context.Context, t Trip) TripReply {
 
 // Block reads new entries through the subscription's own reader.
 // A reader of its own needs no bound: Interrupt closes it, which ends the
-// read at once.
+// read at once. A read on a connection of the user's pool that outlives ctx
+// goes on, and closes the connection when it returns if Interrupt was
+// called meanwhile.
 func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
 	if s.ownReader {
 		return s.block(ctx, count, block)
@@ -178,24 +193,32 @@ func (s *RedisServer) Block(ctx context.Context, count int64, block time.Duratio
 }
 
 func (s *RedisServer) block(ctx context.Context, count int64, block time.Duration) ([]Entry, error) {
-	s.readerMu.Lock()
-	reader := s.reader
-	s.readerMu.Unlock()
-	streams, err := BlockingRead(ctx, reader, s.ownReader, ReadArgs{Group: s.opt.Group, Consumer: s.opt.Consumer, Count: count,
-		Block: block, Claim: s.claimArg(s.verbs(ctx)), Streams: []string{s.keys[0], ">"}})
+	s.connMu.Lock()
+	conn := s.conn
+	s.connMu.Unlock()
+	a := ReadArgs{Group: s.opt.Group, Consumer: s.opt.Consumer, Count: count,
+		Block: block, Claim: s.claimArg(s.verbs(ctx)), Streams: []string{s.keys[0], ">"}}
+	var streams []redis.XStream
+	var err error
+	if conn != nil {
+		streams, err = conn.read(ctx, a)
+	} else {
+		streams, err = BlockingRead(ctx, s.reader, s.ownReader, a)
+	}
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
 	if err != nil {
-		if c, ok := reader.(*redis.Conn); ok {
+		if conn != nil {
 			// A connection of the user's pool stays failed once it has
-			// failed: the next read takes a new one.
-			_ = c.Close()
-			s.readerMu.Lock()
-			if s.reader == reader && ctx.Err() == nil {
-				s.reader = s.client.(*redis.Client).EphemeralConn()
+			// failed: the next read takes a new one, unless the
+			// subscription has ended.
+			conn.Close()
+			s.connMu.Lock()
+			if s.conn == conn && !s.interrupted && ctx.Err() == nil {
+				s.conn = &poolConn{conn: s.client.(*redis.Client).EphemeralConn()}
 			}
-			s.readerMu.Unlock()
+			s.connMu.Unlock()
 		}
 		return nil, err
 	}
@@ -306,10 +329,7 @@ func (s *RedisServer) ClaimBack(ctx context.Context, id string, count int64) (Cl
 
 // Failed tells the failover hints of the user's client and of the reader.
 func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
-	s.readerMu.Lock()
-	c, ok := s.reader.(*redis.ClusterClient)
-	s.readerMu.Unlock()
-	if ok {
+	if c, ok := s.reader.(*redis.ClusterClient); ok {
 		s.readerHints.Failed(c, err)
 	}
 	if s.opt.Forget != nil && (failover.Symptom(err) || serverinfo.RefusedVerb(err)) {
@@ -323,20 +343,87 @@ func (s *RedisServer) Failed(err error, delay time.Duration) time.Duration {
 
 // Interrupt closes the reader, once; a second call returns once the first
 // has closed it.
-// A connection of the user's pool (a Sentinel client's) is given back
-// instead: a read in progress on it ends within BlockTime.
+// A connection of the user's pool (a Sentinel client's) is closed at once
+// when no read runs on it, else by that read when it returns (within
+// BlockTime, or the client's timeouts on a network that holds it up):
+// Interrupt does not wait for the read, and no read starts after it, on
+// that connection or on a new one.
 func (s *RedisServer) Interrupt() {
 	s.interruptOnce.Do(func() {
-		s.readerMu.Lock()
-		defer s.readerMu.Unlock()
+		s.connMu.Lock()
+		defer s.connMu.Unlock()
+		s.interrupted = true
 		if s.ownReader {
 			_ = s.reader.Close()
 			return
 		}
-		if c, ok := s.reader.(*redis.Conn); ok {
-			_ = c.Close()
+		if s.conn != nil {
+			s.conn.Close()
 		}
 	})
+}
+
+// poolConn is a connection of the user's pool that blocking reads go
+// through, with the reads that run on it counted, so that a read Block
+// stopped waiting for (bounded.Call) is never pulled from under it.
+//
+// Its Close closes the channel that a call in progress sends the
+// connection back on when it returns (a data race, and a send on a closed
+// channel that go-redis recovers). So a Close while a read runs is left to
+// that read, which closes the connection when it returns, within the
+// client's own timeouts.
+type poolConn struct {
+	conn *redis.Conn
+
+	mu      sync.Mutex
+	reads   int  // reads running on conn
+	closing bool // Close was called
+	closed  bool // conn was closed
+}
+
+// errConnClosed fails a read that did not start because its connection
+// was closed.
+var errConnClosed = errors.New("the connection of the blocking reads is closed")
+
+// read runs the blocking read a on the connection, counted, unless the
+// connection is closing: then it returns errConnClosed.
+func (c *poolConn) read(ctx context.Context, a ReadArgs) ([]redis.XStream, error) {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return nil, errConnClosed
+	}
+	c.reads++
+	c.mu.Unlock()
+	defer c.end()
+	return BlockingRead(ctx, c.conn, false, a)
+}
+
+// end counts a read out, and closes the connection when it was the last
+// one and Close was called.
+func (c *poolConn) end() {
+	c.mu.Lock()
+	c.reads--
+	last := c.closing && c.reads == 0 && !c.closed
+	c.closed = c.closed || last
+	c.mu.Unlock()
+	if last {
+		_ = c.conn.Close() // fails only when closed already, which closed prevents
+	}
+}
+
+// Close closes the connection: at once when no read runs on it, else when
+// the last read returns. It returns at once either way. Reads after it do
+// not run.
+func (c *poolConn) Close() {
+	c.mu.Lock()
+	now := !c.closing && !c.closed && c.reads == 0
+	c.closing = true
+	c.closed = c.closed || now
+	c.mu.Unlock()
+	if now {
+		_ = c.conn.Close() // fails only when closed already, which closed prevents
+	}
 }
 
 // readOnce is a read of new entries that the client never sends again

@@ -607,8 +607,14 @@ func (a *crashAudit) kill(w *crashWorker) {
 	_ = w.stdin.Close()
 	a.readLedger(w)
 
+	// The run's own name: a run that came back while the killed one's
+	// lease had not lapsed holds a name derived from w.name.
+	consumer := a.member(w)
+	if consumer == "" {
+		consumer = w.name // killed before it logged its name
+	}
 	pend, err := a.admin.XPendingExt(context.Background(), &redis.XPendingExtArgs{
-		Stream: a.topic, Group: a.group, Consumer: w.name, Start: "-", End: "+", Count: 1 << 20,
+		Stream: a.topic, Group: a.group, Consumer: consumer, Start: "-", End: "+", Count: 1 << 20,
 	}).Result()
 	require.NoError(t, err)
 	var queued, inHandler, unacked int

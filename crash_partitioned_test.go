@@ -515,12 +515,14 @@ func (a *crashPartitioned) lateHandOvers() int {
 	return n
 }
 
-// member returns the member id of the worker's subscription: its consumer
-// name, which the worker logs once it has subscribed; "" before.
-func (a *crashPartitioned) member(w *crashWorker) string {
+// member returns the consumer name of the worker's subscription (on a
+// partitioned topic, its member id), which the worker logs once it has
+// subscribed: -consumer, or a name derived from it (-consumer-2, ...) while
+// an earlier run's lease on it has not lapsed; "" before.
+func (r *crashRig) member(w *crashWorker) string {
 	if w.member == "" {
 		data, err := os.ReadFile(w.logPath)
-		require.NoError(a.t, err)
+		require.NoError(r.t, err)
 		const prefix = "crashworker: subscribed as consumer "
 		if _, after, ok := strings.Cut(string(data), prefix); ok {
 			if name, _, ok := strings.Cut(after, "\n"); ok {

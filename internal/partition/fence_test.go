@@ -16,11 +16,17 @@ import (
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time
+	// read gets a value (when there is room) each time the clock is read.
+	read chan struct{}
 }
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now(), read: make(chan struct{}, 1)} }
 
 func (c *fakeClock) Now() time.Time {
+	select {
+	case c.read <- struct{}{}:
+	default:
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now

@@ -75,6 +75,17 @@ func (e *handOverEnv) offer(t *testing.T, msg *message.Message) {
 	}
 }
 
+// drain empties ch.
+func drain(ch chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
 func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -139,7 +150,11 @@ func TestHandOverWithdrawsAnOfferWhenTheClockReachesTheFence(t *testing.T) {
 func TestAMessageTakenAfterAFreezeHasItsContextEnded(t *testing.T) {
 	e := newHandOverEnv(t, time.Minute)
 	msg := message.NewMessage("a", nil)
+	drain(e.clock.read)
 	e.offer(t, msg)
+	// The offer read the clock (its fence valid), so it sends: the freeze
+	// comes now.
+	waitClosed(t, e.clock.read, "the offer's look at the clock")
 	e.clock.jump(time.Hour)
 	got := <-e.out // the offer's timer is a minute away: the send completes
 	require.Same(t, msg, got)

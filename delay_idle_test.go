@@ -131,7 +131,7 @@ func idleCost(t *testing.T, topics int, idle, watch time.Duration) (int64, time.
 	time.Sleep(time.Second) // the first rounds after Subscribe
 	start := time.Now()
 	before, cpuBefore := e.commandStats()
-	time.Sleep(watch)
+	time.Sleep(watch) // the time is the scenario: the window watched
 	after, cpuAfter := e.commandStats()
 	window := time.Since(start)
 	elapsed := window.Seconds()

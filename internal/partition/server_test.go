@@ -182,5 +182,5 @@ func TestServerBlockWaitsForNewEntries(t *testing.T) {
 	start = time.Now()
 	_, err = s.Block(ctx, 10, 10*time.Second)
 	assert.Error(t, err, "a Block after Interrupt ends at once")
-	assert.Less(t, time.Since(start), time.Second)
+	assert.Less(t, time.Since(start), 5*time.Second, "a Block after Interrupt waited for its time") // a structural bound: half the 10 s asked for
 }

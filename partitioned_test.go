@@ -326,7 +326,9 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	e := newEnv(t)
 	pub, newSub := e.partitioned(1)
 	proxy := testserver.NewProxy(t, e.srv.Addr())
-	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: time.Second})
+	// Its calls wait out the cut: the late Ack sent while cut off gets its
+	// answer after the heal.
+	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: 10 * time.Second})
 	t.Cleanup(func() { _ = cutClient.Close() })
 	answered := answeredAcks(cutClient)
 	a := e.subscriber("g", "a", fastRedelivery, onClient(cutClient), fullBatches, func(c *valkeystream.SubscriberConfig) {

@@ -441,7 +441,7 @@ func (r *partitionReader) first(t *testing.T, since time.Time, parts []int, boun
 		if time.Now().After(deadline) {
 			t.Fatalf("no message of partitions %v handled within %s", parts, bound)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the poll of a wait for a handling
 	}
 }
 
@@ -474,7 +474,7 @@ func waitOwned(t *testing.T, sub *valkeystream.Subscriber, want int, beat, bound
 		if time.Now().After(deadline) {
 			t.Fatalf("the subscription owns %v, not %d partitions, after %s", owned, want, bound)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the poll of a wait for the ownership
 	}
 }
 
@@ -611,7 +611,7 @@ func rebalanceOnce(t *testing.T, addr string, client *redis.Client, ttl time.Dur
 			ownedW = append(ownedW, p)
 		}
 	}
-	time.Sleep(2 * beat)
+	time.Sleep(2 * beat) // the time is the scenario: the split settles before the kill
 	t0 = time.Now()
 	require.NoError(t, worker.Process.Kill()) // SIGKILL
 	kill = readerA.first(t, t0, ownedW, bound).Sub(t0)

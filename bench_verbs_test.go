@@ -65,7 +65,7 @@ func BenchmarkReclaimDeadConsumer(b *testing.B) {
 				require.NoError(b, err)
 				msgs, err := sub.Subscribe(ctx, topic)
 				require.NoError(b, err)
-				time.Sleep(time.Second)
+				time.Sleep(time.Second) // the subscription's start, its first claim beat included (not seen from here)
 				idleAt := time.Now().Add(minIdle)
 				require.NoError(b, client.Eval(ctx, `redis.call('XGROUP', 'SETID', KEYS[1], 'g', '0')
 redis.call('XREADGROUP', 'GROUP', 'g', 'dead', 'COUNT', ARGV[1], 'STREAMS', KEYS[1], '>') return 1`,

@@ -252,7 +252,7 @@ func publishRetrying(pub message.Publisher, topic string, msgs []*message.Messag
 		if attempt == 20 {
 			return fmt.Errorf("failed %d times: %w", attempt, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a retry's pause
 	}
 }
 
@@ -385,7 +385,7 @@ func runCrashAudit(t *testing.T, p crashAuditParams) *crashAudit {
 			a.reportMissing(want, pending)
 			t.FailNow()
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll of a wait for the drain
 	}
 	drained := time.Since(lastKill)
 
@@ -529,7 +529,7 @@ func (a *crashAudit) publish(count *atomic.Int64, seed uint64) crashPublishResul
 	for c := 0; c < calls; c++ {
 		// Pace: call c goes out no earlier than its share of PublishFor.
 		if d := time.Until(start.Add(a.p.PublishFor * time.Duration(c) / time.Duration(calls))); d > 0 {
-			time.Sleep(d)
+			time.Sleep(d) // the time is the scenario: the publish pace
 		}
 		n := min(a.p.Batch, a.p.Messages-c*a.p.Batch)
 		msgs := make([]*message.Message, n)
@@ -759,10 +759,10 @@ func (a *crashAudit) reportMissing(want []string, pending int64) {
 // sleepRandom sleeps a uniformly random time in [lo, hi].
 func (r *crashRig) sleepRandom(lo, hi time.Duration) {
 	if hi <= lo {
-		time.Sleep(lo)
+		time.Sleep(lo) // the time is the scenario: a random pause
 		return
 	}
-	time.Sleep(lo + time.Duration(r.rng.Int64N(int64(hi-lo)+1)))
+	time.Sleep(lo + time.Duration(r.rng.Int64N(int64(hi-lo)+1))) // the time is the scenario: a random pause
 }
 
 // crashAdminClient returns the client the test inspects the group with. It

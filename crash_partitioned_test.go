@@ -333,7 +333,7 @@ func runCrashPartitioned(t *testing.T, p crashPartitionedParams) crashPartitione
 			a.settled(true)
 			t.Fatalf("not drained 90 s after publishing ended: %d of %d messages never handled (seed %d)", missing, len(pub.msgs), seed)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll of a wait for the drain
 	}
 	drained := time.Since(lastKill)
 	for _, w := range slots {
@@ -403,7 +403,7 @@ func (a *crashPartitioned) publish(count *atomic.Int64) crashPartitionedPublishe
 	start := time.Now()
 	for seq := 0; seq < a.p.PerKey; seq++ {
 		if d := time.Until(start.Add(a.p.PublishFor * time.Duration(seq) / time.Duration(a.p.PerKey))); d > 0 {
-			time.Sleep(d)
+			time.Sleep(d) // the time is the scenario: the publish pace
 		}
 		for from := 0; from < a.p.Keys; from += batch {
 			var msgs []*message.Message

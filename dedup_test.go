@@ -229,7 +229,7 @@ func TestDedupInProgressMarkIsRenewedAndExpiresWhenItsOwnerDies(t *testing.T) {
 		if !errors.Is(err, valkeystream.ErrDuplicateInProgress) {
 			t.Fatalf("peer delivery while the handler runs: got %v, want ErrDuplicateInProgress", err)
 		}
-		time.Sleep(ttl / 2)
+		time.Sleep(ttl / 2) // the time is the scenario: the mark's lifetimes pass
 	}
 	// The mark still holds the renewed time to live.
 	if left := e.client.PTTL(context.Background(), e.markKey("g", uuid)).Val(); left <= 0 {

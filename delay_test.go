@@ -300,9 +300,9 @@ func TestDelayedMessagesSurviveServerKills(t *testing.T) {
 	}
 	// One kill before anything is due, three while messages are moved.
 	for _, at := range []time.Duration{0, 600 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond} {
-		time.Sleep(at)
+		time.Sleep(at) // the time is the scenario: the schedule of the kills
 		require.NoError(t, e.srv.Kill())
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the time is the scenario: the outage
 		require.NoError(t, e.srv.StartAgain())
 	}
 

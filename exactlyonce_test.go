@@ -84,7 +84,10 @@ func TestExactlyOnceWritesReturnedMessagesWithTheAck(t *testing.T) {
 	}
 	assert.Len(t, got, 20)
 	assert.Zero(t, e.pendingCount(e.topic, "g"))
-	time.Sleep(50 * time.Millisecond) // an XACK of the router's Ack would have been flushed by now
+	waitUntil(t, "the router's last Ack settled", func() bool { return sub.Stats().InFlight == 0 })
+	// The time is the scenario: an XACK of the router's Acks, had the loop
+	// queued one, would be flushed within these five AckFlushIntervals.
+	time.Sleep(50 * time.Millisecond)
 	// One XACK per step (a script's commands count too), none after.
 	after := e.serverCallsOf("xack", "exec")
 	xacks, interrupts := after[0]-before[0], after[1]-before[1]
@@ -141,6 +144,9 @@ func TestExactlyOnceWritesNothingForADeliveryThatIsNoLongerItsOwn(t *testing.T) 
 	}, x.Middleware)
 	e.publish(1)
 	waitUntil(t, "the step superseded", func() bool { return x.Stats().Superseded == 1 })
+	waitUntil(t, "the router's Ack settled", func() bool { return sub.Stats().InFlight == 0 })
+	// The time is the scenario: the router's Ack, had the loop queued an
+	// XACK of it, would be flushed within these five AckFlushIntervals.
 	time.Sleep(50 * time.Millisecond)
 	assert.Empty(t, e.stored(out), "the superseded handling's output was written")
 	p := e.pending("g")

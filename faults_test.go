@@ -229,6 +229,7 @@ func TestACutHandsOutNoEntryTwice(t *testing.T) {
 	require.Eventually(t, func() bool { return count() >= 50 }, receiveTimeout, 10*time.Millisecond)
 	proxy.Cut()
 	e.publish(100) // by another client, while this one is cut off
+	// The time is the scenario: two seconds of cut, its calls failing.
 	time.Sleep(2 * time.Second)
 	proxy.Heal()
 	e.publish(n - 500)

@@ -200,8 +200,10 @@ const sentinelPlannedResume = 5 * time.Second
 // The old master takes writes until the sentinels demote it, and loses
 // them then: an XACK sent to it after the promotion is gone, and its entry
 // stays pending on the new master until the subscription's claim takes it
-// back after ClaimMinIdle (docs/high-availability.md).
-const plannedSettle = valkeystream.DefaultClaimMinIdle + 10*time.Second
+// back after ClaimMinIdle (docs/high-availability.md): on the first claim
+// beat after ClaimMinIdle, then it is delivered and acknowledged again. The
+// rest is room for a loaded machine.
+const plannedSettle = valkeystream.DefaultClaimMinIdle + valkeystream.DefaultClaimInterval + 25*time.Second
 
 // TestSentinelPlannedFailover asks the sentinels for a failover
 // (SENTINEL FAILOVER) while four publishers write and a router consumes,
@@ -219,7 +221,7 @@ func TestSentinelPlannedFailover(t *testing.T) {
 		require.NoError(t, g.WaitMaster(ctx, replica), "sentinels promoting %s", replica)
 		return time.Now()
 	})
-	if got := run.newMaster; got > sentinelPlannedResume {
+	if got := run.newMaster; got > sentinelPlannedResume && assertTimings {
 		t.Errorf("consumption resumed %s after the promotion, want at most %s: a blocking reader stayed on the old master", got, sentinelPlannedResume)
 	}
 	run.log(t)
@@ -254,7 +256,7 @@ func (r crashRun) log(t *testing.T) {
 // was delivered and, within settle, nothing is pending. crash kills the
 // master and returns when the servers have promoted its replica.
 func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, topic string, settle time.Duration, crash func(context.Context) time.Time) crashRun {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+settle)
 	defer cancel()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: pubClient}, testLogger())
 	require.NoError(t, err)
@@ -438,10 +440,10 @@ func runMasterCrash(t *testing.T, pubClient, subClient redis.UniversalClient, to
 	}
 	run.resumed = firstDelivery(killed).Sub(killed)
 	run.newMaster = firstDelivery(promotedAt).Sub(promotedAt)
-	if got := run.lastPubErr - run.promoted; got > haResumeBound {
+	if got := run.lastPubErr - run.promoted; got > haResumeBound && assertTimings {
 		t.Errorf("Publish kept failing %s after the promotion, want at most %s", got, haResumeBound)
 	}
-	if got := run.resumed - run.promoted; got > haResumeBound {
+	if got := run.resumed - run.promoted; got > haResumeBound && assertTimings {
 		t.Errorf("consumption resumed %s after the promotion, want at most %s", got, haResumeBound)
 	}
 	return run
@@ -468,6 +470,6 @@ func requireNothingPendingWithin(t *testing.T, client redis.UniversalClient, key
 		if time.Now().After(deadline) {
 			t.Fatalf("XPENDING %s %s = %+v, %v; want 0 pending", key, group, p, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll of a wait for nothing pending
 	}
 }

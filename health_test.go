@@ -29,7 +29,7 @@ func waitReport(t *testing.T, check *valkeystream.HealthCheck, what string, ok f
 		if time.Now().After(deadline) {
 			t.Fatalf("waited 60s for %s; last report %+v", what, r)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll interval
 	}
 }
 

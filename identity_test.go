@@ -508,7 +508,8 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 		consumers, err := e.client.XInfoConsumers(ctx, topic, "g").Result()
 		return err == nil && len(consumers) == 1 && consumers[0].Name == "app"
 	}, receiveTimeout, 50*time.Millisecond, "the departed consumer must be removed")
-	// A few lease renewals and claim beats.
+	// The time is the scenario: a second of lease renewals and claim
+	// beats, each of which must be allowed.
 	time.Sleep(time.Second)
 	require.NoError(t, sub.Close())
 	require.NoError(t, pub.Close())

@@ -135,7 +135,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		if len(leaked) == 0 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll of a wait for the goroutines to end
 	}
 	assert.Empty(t, leaked, "goroutines left after Close")
 }
@@ -281,7 +281,7 @@ func TestCloseWaitsForTheMessageInFlightAndHandsBackTheRest(t *testing.T) {
 
 	ctxAliveAtAck := make(chan error, 1)
 	go func() {
-		time.Sleep(300 * time.Millisecond) // the handler is still working when Close starts
+		time.Sleep(300 * time.Millisecond) // the time is the scenario: the handler is still working when Close starts
 		ctxAliveAtAck <- m.Context().Err()
 		m.Ack()
 	}()
@@ -347,7 +347,7 @@ func TestRouterCloseDuringAHandlerRedeliversNothing(t *testing.T) {
 	var handled atomic.Int64
 	stop := e.runRouter(e.subscriber("g", "c"), func(msg *message.Message) error {
 		started <- struct{}{}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // the time is the scenario: the router closes during the handling
 		handled.Add(1)
 		return nil
 	})
@@ -376,7 +376,7 @@ func TestCloseEndsABlockedReadAtOnce(t *testing.T) {
 	// The drain has returned; the blocking read goes through the
 	// subscription's own client, which the hook does not see.
 	waitUntil(t, "the drain", func() bool { return reads.Load() >= 1 })
-	time.Sleep(100 * time.Millisecond) // into the blocking read
+	waitUntil(t, "the blocking read on the server", func() bool { return e.blockedReads() == 1 })
 	start := time.Now()
 	require.NoError(t, sub.Close())
 	took := time.Since(start)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/echomq/valkeystream"
+	"github.com/echomq/valkeystream/internal/partition"
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
@@ -226,7 +228,7 @@ func TestAPartitionedTopicKeepsPerKeyOrderAcrossSubscriptions(t *testing.T) {
 		if _, busy := inFlight.LoadOrStore(p, true); busy {
 			overlap.Add(1)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the time is the scenario: a handling that overlaps would show
 		inFlight.Delete(p)
 		h.add(msg)
 		return nil
@@ -254,6 +256,45 @@ func TestAPartitionedTopicKeepsPerKeyOrderAcrossSubscriptions(t *testing.T) {
 	})
 	h.checkOrder(t, 20)
 	assert.Zero(t, overlap.Load(), "two messages of one partition in flight at once")
+}
+
+// answeredAcks records the entry IDs of the partitions' Acks (their fenced
+// script: keys, token, group, then the IDs) that client sent and the
+// server answered, whether it acknowledged them or refused them.
+func answeredAcks(client *redis.Client) *sync.Map {
+	var answered sync.Map
+	see := func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if !isScript(cmd) || cmd.Err() != nil || len(args) < 3 {
+			return
+		}
+		keys, err := strconv.Atoi(fmt.Sprint(args[2]))
+		// The other fenced scripts have the member's name third, where
+		// the Ack has its first ID.
+		if err != nil || len(args) < 3+keys+3 || args[3+keys+1] != "g" || !strings.Contains(fmt.Sprint(args[3+keys+2]), "-") {
+			return
+		}
+		for _, id := range args[3+keys+2:] {
+			answered.Store(fmt.Sprint(id), true)
+		}
+	}
+	client.AddHook(processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			see(cmd)
+			return err
+		}
+	}))
+	client.AddHook(pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			err := next(ctx, cmds)
+			for _, cmd := range cmds {
+				see(cmd)
+			}
+			return err
+		}
+	}))
+	return &answered
 }
 
 // owned returns the partitions sub's one subscription owns.
@@ -285,8 +326,11 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	e := newEnv(t)
 	pub, newSub := e.partitioned(1)
 	proxy := testserver.NewProxy(t, e.srv.Addr())
-	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: time.Second})
+	// Its calls wait out the cut: the late Ack sent while cut off gets its
+	// answer after the heal.
+	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ReadTimeout: 10 * time.Second})
 	t.Cleanup(func() { _ = cutClient.Close() })
+	answered := answeredAcks(cutClient)
 	a := e.subscriber("g", "a", fastRedelivery, onClient(cutClient), fullBatches, func(c *valkeystream.SubscriberConfig) {
 		c.Partitions = map[string]int{e.topic: 1}
 		c.PartitionOwnerTTL = 500 * time.Millisecond
@@ -297,7 +341,11 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	require.Equal(t, "0", held.Metadata.Get("seq"))
 
 	proxy.Cut()
-	time.Sleep(1500 * time.Millisecond) // past the TTL: a's ownership lapses
+	layout, err := partition.NewLayout(e.topic, 1)
+	require.NoError(t, err)
+	waitUntil(t, "a's owner record lapsed", func() bool {
+		return e.client.Exists(context.Background(), layout.Keys(0, "g").Owner).Val() == 0
+	})
 	b := newSub("b")
 	msgsB := e.subscribeTo(b, e.topic)
 	first := receive(t, msgsB)
@@ -317,7 +365,8 @@ func TestAPartitionOwnerCutOffPastItsTTLDeliversNothingMore(t *testing.T) {
 	}
 	proxy.Heal() // its late Ack reaches the server: fenced, it takes nothing from b
 	stream := mustStreams(t, e.topic, 1)[0]
-	time.Sleep(300 * time.Millisecond)
+	heldID := held.Metadata.Get(valkeystream.MetadataEntryID)
+	waitUntil(t, "the server answered a's late Ack", func() bool { _, ok := answered.Load(heldID); return ok })
 	p, err := e.client.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
 	require.NoError(t, err)
 	firstID := first.Metadata.Get(valkeystream.MetadataEntryID)
@@ -382,7 +431,7 @@ func TestAClosedSubscriptionsPartitionsMoveAtOnce(t *testing.T) {
 	pub, newSub := e.partitioned(8)
 	var h handled
 	handler := func(msg *message.Message) error {
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the time is the scenario: messages in flight when a closes
 		h.add(msg)
 		return nil
 	}
@@ -448,9 +497,9 @@ func TestAPartitionedTopicOnAClusterThroughAFailover(t *testing.T) {
 				batch = append(batch, keyed(fmt.Sprint("key-", k), seq))
 			}
 			for pub.Publish(topic, batch...) != nil { // during the failover: the same batch again
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond) // a retry's pause, until the failover is over
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // the time is the scenario: publishing goes on through the failover
 		}
 	}()
 	waitUntil(t, "a third handled", func() bool { return h.count() >= keys*rounds/3 })
@@ -460,7 +509,7 @@ func TestAPartitionedTopicOnAClusterThroughAFailover(t *testing.T) {
 	<-published
 	deadline := time.Now().Add(60 * time.Second)
 	for h.count() < keys*rounds && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll of a wait for every message
 	}
 	require.Equal(t, keys*rounds, h.count(), "messages handled")
 	h.checkOrder(t, rounds)
@@ -491,6 +540,7 @@ func TestARebalanceWaitsForASlowHandler(t *testing.T) {
 	busy := map[string]string{} // partition -> subscription handling it
 	overlaps := 0
 	var slowDone sync.Map // partition -> its first handling was slow
+	slowBegan := make(chan struct{}, 2)
 	handler := func(name string) message.NoPublishHandlerFunc {
 		return func(msg *message.Message) error {
 			p := msg.Metadata.Get(valkeystream.MetadataPartition)
@@ -501,6 +551,7 @@ func TestARebalanceWaitsForASlowHandler(t *testing.T) {
 			busy[p] = name
 			mu.Unlock()
 			if _, done := slowDone.LoadOrStore(p, true); !done {
+				slowBegan <- struct{}{}
 				time.Sleep(time.Second) // ten CloseGraces, while b joins: whichever partition moves is busy
 			}
 			mu.Lock()
@@ -515,7 +566,11 @@ func TestARebalanceWaitsForASlowHandler(t *testing.T) {
 	for seq := range 20 {
 		require.NoError(t, pub.Publish(e.topic, keyed("k-a", seq), keyed("k-b", seq), keyed("k-c", seq)))
 	}
-	time.Sleep(100 * time.Millisecond) // the slow handling has begun
+	select {
+	case <-slowBegan: // the slow handling has begun
+	case <-time.After(receiveTimeout):
+		t.Fatal("no slow handling began")
+	}
 	b := newSub("b")
 	e.runRouter(b, handler("b"))
 	waitUntil(t, "the partitions split 1/1", func() bool { return len(owned(a)) == 1 && len(owned(b)) == 1 })

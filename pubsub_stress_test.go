@@ -11,6 +11,8 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
+func init() { assertTimings = true }
+
 // TestPubSubStress runs the universal suite many times in parallel
 // (STRESS_TEST_COUNT, default 10): go test -tags stress -run TestPubSubStress.
 func TestPubSubStress(t *testing.T) {

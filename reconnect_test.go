@@ -175,7 +175,7 @@ func TestOutageBacksOffAndResumes(t *testing.T) {
 			require.Eventually(t, func() bool { return sub.Stats().Faults >= 1 }, receiveTimeout, 10*time.Millisecond,
 				"the outage must be noticed")
 			first := sub.Stats().Faults
-			time.Sleep(2 * time.Second)
+			time.Sleep(2 * time.Second) // the time is the scenario: the outage the faults are counted in
 			faults := sub.Stats().Faults - first
 			require.NoError(t, srv.StartAgain())
 			t.Logf("failed calls in 2 s of outage after the first: %d", faults)

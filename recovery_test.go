@@ -80,7 +80,7 @@ func TestLiveHandlerKeepsItsEntryWhilePeersReclaim(t *testing.T) {
 	// sure it ran once the entry could have looked abandoned.
 	time.Sleep(1500 * time.Millisecond)
 	afterMinIdle := claims.Load()
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the time is the scenario: the handling outlasts ClaimMinIdle twice
 	waitUntil(t, "a claim beat of the peer after ClaimMinIdle", func() bool { return claims.Load() > afterMinIdle })
 	p := e.pending("g")
 	require.Len(t, p, 1)
@@ -106,13 +106,13 @@ func TestQueuedEntriesAreNotReclaimedWhileTheBatchIsHandled(t *testing.T) {
 
 	const handling = 350 * time.Millisecond // ten of these outlast ClaimMinIdle twice
 	got := []string{first.UUID}
-	time.Sleep(handling)
+	time.Sleep(handling) // the time is the scenario: the handler's work
 	first.Ack()
 	for range 9 {
 		m := receive(t, msgs)
 		assert.Equal(t, 1, valkeystream.DeliveryCount(m), "a queued entry is still on its first delivery")
 		got = append(got, m.UUID)
-		time.Sleep(handling)
+		time.Sleep(handling) // the time is the scenario: the handler's work
 		if afterMinIdle < 0 && time.Since(start) > 1500*time.Millisecond {
 			afterMinIdle = claims.Load()
 		}

@@ -89,7 +89,7 @@ func serverKill(srv *testserver.Server, outage time.Duration) serverDisruption {
 			if err := srv.Kill(); err != nil {
 				return err
 			}
-			time.Sleep(outage)
+			time.Sleep(outage) // the time is the scenario: the outage
 			return srv.StartAgain()
 		},
 	}
@@ -142,7 +142,7 @@ func (r *serverCrashRun) clientPause(mode string) serverDisruption {
 			if err := r.admin.Do(context.Background(), "CLIENT", "PAUSE", 2000, mode).Err(); err != nil {
 				return err
 			}
-			time.Sleep(2 * time.Second)
+			time.Sleep(2 * time.Second) // the time is the scenario: the pause lasts its 2000 ms
 			return nil
 		},
 	}
@@ -375,7 +375,7 @@ func (r *serverCrashRun) run(disruptions []serverDisruption) {
 		threshold := int64(total) * int64(i+1) / int64(len(disruptions)+1)
 		for r.ok.Load() < threshold {
 			require.True(t, time.Now().Before(hangBound), "publishing stalled at %d of %d messages", r.ok.Load(), total)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the poll of a wait for the next share published
 		}
 		if i > 0 {
 			snapshot(&windows[i-1], +1)
@@ -410,7 +410,7 @@ func (r *serverCrashRun) run(disruptions []serverDisruption) {
 			t.Fatalf("%d messages whose Publish returned nil were never delivered (first: %v); %d entries pending; stats %s",
 				len(missing), missing[:min(len(missing), 10)], pending, r.stats())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll of a wait for every message delivered
 	}
 	snapshot(&windows[len(windows)-1], +1)
 	t.Logf("publishing took %s, draining after it %s", publishedAt.Round(time.Millisecond), (time.Since(began) - publishedAt).Round(time.Millisecond))

@@ -222,7 +222,9 @@ func TestEntriesOfAnEndedSubscriptionAreHandedBack(t *testing.T) {
 	receive(t, goneMsgs).Ack()
 	receive(t, stayMsgs).Ack()
 	waitUntil(t, "the shared read blocks again", func() bool { return e.blockedReads() == 1 })
-	time.Sleep(50 * time.Millisecond) // both waits registered: the read covers both
+	// Time for both waits to be registered, so that the read covers both:
+	// not seen from here, and the check below holds either way.
+	time.Sleep(50 * time.Millisecond)
 
 	// The subscription ends while the read in flight still covers its
 	// stream; an entry published now is read for it.
@@ -371,7 +373,7 @@ func TestEntriesReadWhileTheHandlerWorksComeInOrder(t *testing.T) {
 	want := publish(1)
 	held := receive(t, msgs)
 	want = append(want, publish(3)...)
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the time is the scenario: the shared read takes the few before the many come
 	want = append(want, publish(300)...)
 	held.Ack()
 	got := []string{held.UUID}
@@ -421,7 +423,7 @@ func TestAFailedSharedReadIsNotResentWhileTheServerIsDown(t *testing.T) {
 
 	require.NoError(t, e.srv.Kill())
 	before := dials.Load()
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the time is the scenario: the outage the dials are counted in
 	assert.LessOrEqual(t, dials.Load()-before, int64(40), "dials in 1 s of outage")
 	require.NoError(t, e.srv.StartAgain())
 

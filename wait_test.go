@@ -229,7 +229,7 @@ func plannedFailover(t *testing.T, g *testserver.Sentinel, topic string, waitRep
 				cond.Broadcast()
 				mu.Unlock()
 				if err != nil {
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // a failed publisher's pause before it tries again
 				}
 			}
 		}()

@@ -136,7 +136,7 @@ func TestDelayProxyOverlapsChunksInFlight(t *testing.T) {
 			if _, err := c.Write([]byte{byte(i)}); err != nil {
 				return
 			}
-			time.Sleep(gap)
+			time.Sleep(gap) // the time is the scenario: the gap between writes
 		}
 	})
 	start := time.Now()

@@ -318,6 +318,6 @@ func waitNothingPending(t *testing.T, key, group string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d entries still pending in group %s after %s: %v", summary.Count, group, receiveTimeout, summary.Consumers)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll of a wait for nothing pending
 	}
 }

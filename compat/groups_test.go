@@ -60,7 +60,7 @@ func runRouter(t *testing.T, router *message.Router, c *tally, want int) map[str
 		if total >= want || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll of a wait for every message
 	}
 	time.Sleep(300 * time.Millisecond) // long enough for a surplus delivery to show
 	require.NoError(t, router.Close())

@@ -79,7 +79,7 @@ func TestChart(t *testing.T) {
 			if stuck.Load() {
 				<-unstuck
 			}
-			time.Sleep(handleTime)
+			time.Sleep(handleTime) // the time is the scenario: the handler's work
 			m.Ack()
 		}
 	}()

@@ -301,7 +301,7 @@ valkeystream_subscriber_nacked_total{subscriber="billing"} 2
 		if time.Now().After(deadline) {
 			t.Fatal("subscription_running still 1 a minute after the subscription ended")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the poll of a wait for the gauge
 	}
 }
 

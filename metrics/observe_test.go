@@ -148,7 +148,7 @@ func TestDeliveryAge(t *testing.T) {
 		// it, which the receiver can see first: wait for the count.
 		h := histogram(t, reg, "valkeystream_delivery_age_seconds", tc.labels)
 		for deadline := time.Now().Add(5 * time.Second); h.GetSampleCount() < tc.want && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the poll of a wait for the count
 			h = histogram(t, reg, "valkeystream_delivery_age_seconds", tc.labels)
 		}
 		if got := h.GetSampleCount(); got != tc.want {
@@ -251,7 +251,7 @@ func TestReadAheadAndInFlight(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("in_flight still not 0 a minute after the last Ack")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the poll of a wait for the gauge
 	}
 	gather(t, reg).want(t, "valkeystream_subscriber_read_ahead", "subscriber=billing", 0)
 }

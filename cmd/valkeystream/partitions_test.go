@@ -49,7 +49,7 @@ func TestPartitions(t *testing.T) {
 		t.Fatal("no message")
 	}
 	for len(sub.Subscriptions()[0].Owned) < 4 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll of a wait for the partitions owned
 	}
 
 	r := cli(t, srv.Addr(), "", "partitions", "orders", "billing", "--prefix", "shop:", "--json")

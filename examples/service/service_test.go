@@ -111,7 +111,7 @@ func TestService(t *testing.T) {
 				published <- fmt.Errorf("publishing order %s: %w", o.OrderID, err)
 				return
 			}
-			time.Sleep(3 * time.Millisecond)
+			time.Sleep(3 * time.Millisecond) // the time is the scenario: orders placed over a while
 		}
 		published <- nil
 	}()

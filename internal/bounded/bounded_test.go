@@ -39,11 +39,18 @@ func TestCallReturnsWhenTheContextEnds(t *testing.T) {
 func TestCallWaitsGraceAfterACancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := false
+	started := make(chan struct{})
 	go func() {
-		time.Sleep(10 * time.Millisecond)
+		<-started // the cancel comes while the call is in progress
 		cancel()
 	}()
-	if err := Call(ctx, func() { <-ctx.Done(); time.Sleep(20 * time.Millisecond); ran = true }); err != nil || !ran {
+	call := func() {
+		close(started)
+		<-ctx.Done()
+		time.Sleep(20 * time.Millisecond) // the time is the scenario: the call ends within Grace after the cancel
+		ran = true
+	}
+	if err := Call(ctx, call); err != nil || !ran {
 		t.Fatalf("Call = %v, ran %v: a call that ends within Grace after the cancel must be waited for", err, ran)
 	}
 	hang := make(chan struct{})

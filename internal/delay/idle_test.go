@@ -99,7 +99,7 @@ func TestDelayedMoverIdleUntilNotified(t *testing.T) {
 	// Another process stores a delayed message: an idle Mover does not see
 	// it for an hour. 200 ms is 200 fast beats.
 	wait(t, client, "{"+key+"}:delayed", 1, "n", "due")
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // the time is the scenario: nothing may look within it
 	if n := checks.Load(); n != 1 {
 		t.Fatalf("an idle Mover looked %d times in 200 ms, want once (after Add)", n)
 	}

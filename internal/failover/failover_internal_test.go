@@ -143,7 +143,7 @@ func TestFailoverReloadsTheSlotMap(t *testing.T) {
 		if since := time.Since(killed) - promoted; since > 10*time.Second {
 			t.Fatalf("still failing %s after the promotion (%d tries): %v", since, tries, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll of a wait for the write to go through
 	}
 	t.Logf("promotion %s after the kill; the helped client wrote again on try %d, %s after its first try",
 		promoted.Round(time.Millisecond), tries, time.Since(start).Round(time.Millisecond))

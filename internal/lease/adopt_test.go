@@ -86,9 +86,13 @@ func TestAdopterTakesOverANameOnceItsLeaseLapses(t *testing.T) {
 	e := newLeaseEnv(t, time.Second)
 	e.holdEntries(t, "worker", 3)
 	key := Key("s", "g", "worker")
-	const left = 400 * time.Millisecond
-	set := time.Now() // the lease lapses no sooner than left after this
-	require.NoError(t, e.client.Set(ctx, key, "a-killed-process", left).Err())
+	// The server's expiry events tell a lapse from a replacement.
+	require.NoError(t, e.client.ConfigSet(ctx, "notify-keyspace-events", "Ex").Err())
+	expiries := e.client.Subscribe(ctx, "__keyevent@0__:expired")
+	t.Cleanup(func() { _ = expiries.Close() })
+	_, err := expiries.Receive(ctx) // subscribed: the lapse below is seen
+	require.NoError(t, err)
+	require.NoError(t, e.client.Set(ctx, key, "a-killed-process", 400*time.Millisecond).Err())
 
 	a := NewAdopter(e.cfg, e.deps, "worker-2")
 	a.Start(ctx, e.deps.Logger)
@@ -98,9 +102,14 @@ func TestAdopterTakesOverANameOnceItsLeaseLapses(t *testing.T) {
 			break
 		}
 		require.Equal(t, 3, per["worker"], "entries moved while the holder's lease was still on the server")
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the poll of a wait for the lease to go
 	}
-	require.GreaterOrEqual(t, time.Since(set), left, "the holder's lease was replaced before it could lapse")
+	select {
+	case m := <-expiries.Channel():
+		require.Equal(t, key, m.Payload, "the key that expired")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's lease was replaced or deleted: it never expired")
+	}
 	select {
 	case <-a.Moved():
 	case <-time.After(10 * time.Second):

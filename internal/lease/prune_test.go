@@ -44,8 +44,19 @@ func TestPruneRemovesOnlyDepartedConsumers(t *testing.T) {
 	}
 	require.NoError(t, client.Set(ctx, Key(stream, group, "leased"), "someone", time.Minute).Err())
 
-	const age = 300 * time.Millisecond
-	time.Sleep(age + 100*time.Millisecond)
+	// Long enough that recent, active just before the prune, stays younger
+	// than it on a loaded machine.
+	const age = 2 * time.Second
+	require.Eventually(t, func() bool {
+		consumers, err := client.XInfoConsumers(ctx, stream, group).Result()
+		require.NoError(t, err)
+		for _, c := range consumers {
+			if c.Idle <= age {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 20*time.Millisecond, "the consumers never idle past %s", age)
 	// recent handles an entry: active now, nothing pending.
 	id := client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"f", "v"}}).Val()
 	require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{

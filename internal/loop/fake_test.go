@@ -103,7 +103,7 @@ func ids(es []Entry) []string {
 
 func (f *fakeServer) Send(ctx context.Context, t Trip) TripReply {
 	if len(t.Reads) > 0 && f.delay != nil {
-		time.Sleep(f.delay())
+		time.Sleep(f.delay()) // the time is the scenario: the fake server's latency
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

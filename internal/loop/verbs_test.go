@@ -68,7 +68,7 @@ func TestReadsClaimIdleEntriesWhereTheServerCan(t *testing.T) {
 		if err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead", Streams: []string{"s", ">"}, Count: 2}).Err(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond) // the time is the scenario: past ClaimMinIdle
 		s := serverWith(client, v, "live", RedisServerOptions{ClaimMinIdle: 100 * time.Millisecond, ClaimInReads: true})
 		r := s.Send(ctx, Trip{Reads: []int64{10}})
 		if r.ReadErr != nil || len(r.Entries) != 0 {
@@ -86,7 +86,7 @@ func TestReadsClaimIdleEntriesWhereTheServerCan(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := addEntries(t, client, 2)
-	time.Sleep(idle + 50*time.Millisecond)
+	time.Sleep(idle + 50*time.Millisecond) // the time is the scenario: past the min idle time
 
 	off := serverWith(client, v, "live", RedisServerOptions{ClaimMinIdle: idle})
 	if r := off.Send(ctx, Trip{Reads: []int64{1}}); r.ReadErr != nil || len(r.Entries) != 1 || r.Entries[0].ID != fresh[0] || r.Entries[0].Count != 0 {
@@ -134,7 +134,7 @@ func TestReadsClaimIdleEntriesWhereTheServerCan(t *testing.T) {
 	if err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead", Streams: []string{"s", ">"}, Count: 1}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(idle + 50*time.Millisecond)
+	time.Sleep(idle + 50*time.Millisecond) // the time is the scenario: past the min idle time
 	es, err := s.Block(ctx, 10, 50*time.Millisecond)
 	if err != nil || len(es) != 1 || es[0].ID != more[0] || es[0].Count != 2 {
 		t.Fatalf("blocking claiming read: %+v, err %v: want %s with count 2", es, err, more[0])

@@ -48,14 +48,18 @@ func TestMembersExpireUnlessTheyBeat(t *testing.T) {
 	assert.Equal(t, []string{"alpha", "zed"}, got)
 	assert.Equal(t, redis.Nil, client.ZScore(ctx, "t:members:g", "short").Err(), "the reader removed the expired member")
 
-	// A beat keeps a member alive past its first TTL.
-	_, err = m.Beat(ctx, "beating", 300*time.Millisecond)
+	// A beat keeps a member alive past its first TTL: each pushes its
+	// expiry on.
+	const ttl = time.Second
+	_, err = m.Beat(ctx, "beating", ttl)
 	require.NoError(t, err)
-	for range 4 {
-		time.Sleep(100 * time.Millisecond)
-		got, err = m.Beat(ctx, "beating", 300*time.Millisecond)
+	for first := time.Now(); time.Since(first) <= ttl; {
+		time.Sleep(100 * time.Millisecond) // the time is the scenario: the pause between beats
+		before := client.ZScore(ctx, "t:members:g", "beating").Val()
+		got, err = m.Beat(ctx, "beating", ttl)
 		require.NoError(t, err)
 		assert.Contains(t, got, "beating")
+		assert.Greater(t, client.ZScore(ctx, "t:members:g", "beating").Val(), before, "a beat did not push the expiry on")
 	}
 
 	require.NoError(t, m.Leave(ctx, "zed"))

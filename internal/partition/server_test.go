@@ -3,6 +3,8 @@ package partition
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +16,28 @@ import (
 	"github.com/echomq/valkeystream/internal/loop"
 	"github.com/echomq/valkeystream/internal/testserver"
 )
+
+// waitBlockedXRead waits until a client of client's server is blocked in an
+// XREAD.
+func waitBlockedXRead(t *testing.T, client *redis.Client) {
+	t.Helper()
+	assert.Eventually(t, func() bool {
+		list, err := client.ClientList(context.Background()).Result()
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(list, "\n") {
+			fields := strings.Fields(line)
+			if slices.Contains(fields, "cmd=xread") && slices.ContainsFunc(fields, func(f string) bool {
+				flags, ok := strings.CutPrefix(f, "flags=")
+				return ok && strings.Contains(flags, "b")
+			}) {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "no XREAD blocked on the server")
+}
 
 // A Trip's Acks, reads and hand-backs go in one pipeline of fenced
 // scripts, also when the server has lost the scripts (SCRIPT FLUSH).
@@ -131,7 +155,7 @@ func TestServerBlockWaitsForNewEntries(t *testing.T) {
 
 	added := make(chan []string)
 	go func() {
-		time.Sleep(100 * time.Millisecond)
+		waitBlockedXRead(t, e.client) // Block waits: the entry comes while it does
 		c := redis.NewClient(&redis.Options{Addr: e.client.Options().Addr})
 		defer c.Close()
 		id := c.XAdd(ctx, &redis.XAddArgs{Stream: e.keys.Stream, Values: []any{"n", "new"}}).Val()
@@ -147,7 +171,7 @@ func TestServerBlockWaitsForNewEntries(t *testing.T) {
 		_, err := s.Block(ctx, 10, 10*time.Second)
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	waitBlockedXRead(t, e.client) // Block waits: the Interrupt ends a wait
 	s.Interrupt()
 	select {
 	case err := <-done:
@@ -158,5 +182,5 @@ func TestServerBlockWaitsForNewEntries(t *testing.T) {
 	start = time.Now()
 	_, err = s.Block(ctx, 10, 10*time.Second)
 	assert.Error(t, err, "a Block after Interrupt ends at once")
-	assert.Less(t, time.Since(start), time.Second)
+	assert.Less(t, time.Since(start), 5*time.Second, "a Block after Interrupt waited for its time") // a structural bound: half the 10 s asked for
 }

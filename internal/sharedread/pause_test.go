@@ -92,6 +92,7 @@ func TestAnInterruptDuringAWritePauseLeavesTheServerUp(t *testing.T) {
 	wait(keys[1])                      // the read in flight does not cover it: the first interrupt
 	time.Sleep(200 * time.Millisecond) // the next read, if the interrupt went through, is postponed
 	wait(keys[2])                      // another interrupt, of a postponed read if the first went through
+	// The time is the scenario: until the pause is over.
 	time.Sleep(time.Until(paused.Add(1500 * time.Millisecond)))
 
 	assert.Equal(t, before, runID(), "the server restarted during the pause: an interrupt crashed it")

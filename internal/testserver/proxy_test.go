@@ -57,7 +57,7 @@ func eventually(t *testing.T, what string, f func() error) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: %v", what, err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll interval
 	}
 }
 

@@ -119,7 +119,7 @@ func TestServer(t *testing.T) {
 	if client(t, s.Addr()).Ping(ctx).Err() == nil {
 		t.Fatal("PING answered right after Kill")
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the time is the scenario: no restart within it
 	if client(t, s.Addr()).Ping(ctx).Err() == nil {
 		t.Fatal("PING answered 500ms after Kill: server restarted by itself")
 	}

@@ -35,10 +35,12 @@ type PartitionStats struct {
 	// on Close); HandedOver the pending entries it took over from the
 	// previous owners when it acquired them.
 	Acquired, Released, HandedOver int64
-	// Fenced counts ownerships found lost: a subscription that was frozen
-	// or cut off past PartitionOwnerTTL while another took the partition
-	// over; its reads and Acks of that partition were refused by the
-	// server, and it stopped handling it.
+	// Fenced counts ownerships found lost or given up: the server refused
+	// a renewal, read or Ack (the subscription was frozen or cut off past
+	// PartitionOwnerTTL while another took the partition over), or no
+	// renewal had reached the server for nearly PartitionOwnerTTL by the
+	// subscription's own clock, so that another may take it over. Either
+	// way the subscription stopped handling the partition.
 	Fenced int64
 	// LateHandOvers counts messages a handler took after their partition's
 	// ownership may have lapsed: the process was frozen (or stalled) while

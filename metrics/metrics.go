@@ -285,7 +285,7 @@ var partitionCounters = []struct {
 	{desc("partition_acquired_total", "Partitions the Subscriber's subscriptions took over.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Acquired }},
 	{desc("partition_released_total", "Partitions the Subscriber's subscriptions gave back, their in-flight messages settled first.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Released }},
 	{desc("partition_handed_over_total", "Pending entries taken over from a partition's previous owner.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.HandedOver }},
-	{desc("partition_fenced_total", "Ownerships found lost (the subscription was cut off or frozen past PartitionOwnerTTL while another took the partition over).", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Fenced }},
+	{desc("partition_fenced_total", "Ownerships found lost (the server refused the subscription's calls: it was cut off or frozen past PartitionOwnerTTL while another took the partition over) or given up (no renewal reached the server for nearly PartitionOwnerTTL).", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.Fenced }},
 	{desc("partition_late_hand_overs_total", "Messages a handler took after their partition's ownership may have lapsed (the process was frozen while offering them); their contexts had ended.", labelSubscriber), func(s valkeystream.PartitionStats) int64 { return s.LateHandOvers }},
 }
 

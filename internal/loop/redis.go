@@ -74,7 +74,7 @@ func NewRedisServer(client redis.UniversalClient, o RedisServerOptions) *RedisSe
 	reader, own := newBlockingReader(client, o.BlockTime)
 	s := &RedisServer{client: client, ownReader: own, keys: []string{o.Key}, opt: o}
 	if c, ok := reader.(*redis.Conn); ok {
-		s.conn = &poolConn{conn: c}
+		s.conn = newPoolConn(c)
 	} else {
 		s.reader = reader
 	}
@@ -216,7 +216,7 @@ func (s *RedisServer) block(ctx context.Context, count int64, block time.Duratio
 			conn.Close()
 			s.connMu.Lock()
 			if s.conn == conn && !s.interrupted && ctx.Err() == nil {
-				s.conn = &poolConn{conn: s.client.(*redis.Client).EphemeralConn()}
+				s.conn = newPoolConn(s.client.(*redis.Client).EphemeralConn())
 			}
 			s.connMu.Unlock()
 		}
@@ -364,22 +364,13 @@ func (s *RedisServer) Interrupt() {
 }
 
 // poolConn is a connection of the user's pool that blocking reads go
-// through, with the reads that run on it counted, so that a read Block
-// stopped waiting for (bounded.Call) is never pulled from under it.
-//
-// Its Close closes the channel that a call in progress sends the
-// connection back on when it returns (a data race, and a send on a closed
-// channel that go-redis recovers). So a Close while a read runs is left to
-// that read, which closes the connection when it returns, within the
-// client's own timeouts.
-type poolConn struct {
-	conn *redis.Conn
+// through, with the reads that run on it counted (bounded.Conn), so that a
+// read Block stopped waiting for (bounded.Call) is never pulled from under
+// it: a Close while a read runs is left to that read, which closes the
+// connection when it returns.
+type poolConn struct{ conn *bounded.Conn[*redis.Conn] }
 
-	mu      sync.Mutex
-	reads   int  // reads running on conn
-	closing bool // Close was called
-	closed  bool // conn was closed
-}
+func newPoolConn(c *redis.Conn) *poolConn { return &poolConn{conn: bounded.NewConn(c, false)} }
 
 // errConnClosed fails a read that did not start because its connection
 // was closed.
@@ -387,44 +378,17 @@ var errConnClosed = errors.New("the connection of the blocking reads is closed")
 
 // read runs the blocking read a on the connection, counted, unless the
 // connection is closing: then it returns errConnClosed.
-func (c *poolConn) read(ctx context.Context, a ReadArgs) ([]redis.XStream, error) {
-	c.mu.Lock()
-	if c.closing {
-		c.mu.Unlock()
+func (c *poolConn) read(ctx context.Context, a ReadArgs) (streams []redis.XStream, err error) {
+	if !c.conn.Use(func(conn *redis.Conn) { streams, err = BlockingRead(ctx, conn, false, a) }) {
 		return nil, errConnClosed
 	}
-	c.reads++
-	c.mu.Unlock()
-	defer c.end()
-	return BlockingRead(ctx, c.conn, false, a)
-}
-
-// end counts a read out, and closes the connection when it was the last
-// one and Close was called.
-func (c *poolConn) end() {
-	c.mu.Lock()
-	c.reads--
-	last := c.closing && c.reads == 0 && !c.closed
-	c.closed = c.closed || last
-	c.mu.Unlock()
-	if last {
-		_ = c.conn.Close() // fails only when closed already, which closed prevents
-	}
+	return streams, err
 }
 
 // Close closes the connection: at once when no read runs on it, else when
 // the last read returns. It returns at once either way. Reads after it do
 // not run.
-func (c *poolConn) Close() {
-	c.mu.Lock()
-	now := !c.closing && !c.closed && c.reads == 0
-	c.closing = true
-	c.closed = c.closed || now
-	c.mu.Unlock()
-	if now {
-		_ = c.conn.Close() // fails only when closed already, which closed prevents
-	}
-}
+func (c *poolConn) Close() { c.conn.Close() }
 
 // readOnce is a read of new entries that the client never sends again
 // after a connection error (go-redis retries a command MaxRetries times

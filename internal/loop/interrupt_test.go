@@ -3,9 +3,7 @@ package loop
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,9 +35,9 @@ func TestInterruptDuringAGivenUpReadClosesTheConnectionWhenTheReadReturns(t *tes
 	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	ctx := context.Background()
-	var dialed dialedConns
+	var dialed testserver.Dialed
 	client := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName: testserver.SentinelMasterName, SentinelAddrs: g.SentinelAddrs(), Dialer: dialed.dial,
+		MasterName: testserver.SentinelMasterName, SentinelAddrs: g.SentinelAddrs(), Dialer: dialed.Dial,
 	})
 	t.Cleanup(func() { _ = client.Close() })
 	masterAddr, err := g.Master(ctx)
@@ -70,7 +68,7 @@ func TestInterruptDuringAGivenUpReadClosesTheConnectionWhenTheReadReturns(t *tes
 		line = blockedReader(t, admin)
 		return line != ""
 	}, 10*time.Second, 5*time.Millisecond, "the blocking read never reached the server")
-	readerNet := dialed.find(t, clientField(line, "addr"))
+	readerNet := dialed.Find(t, testserver.ClientField(line, "addr"))
 
 	require.NoError(t, master.Freeze())
 	thawed := false
@@ -94,14 +92,14 @@ func TestInterruptDuringAGivenUpReadClosesTheConnectionWhenTheReadReturns(t *tes
 	// passed). Nothing is sent until the connection is closed.
 	thaw()
 	select {
-	case <-readerNet.closed:
+	case <-readerNet.Closed():
 	case <-time.After(30 * time.Second): // a bound against a hang, not a measure
-		t.Fatalf("the reader's connection (%s) was not closed after its read returned", clientField(line, "addr"))
+		t.Fatalf("the reader's connection (%s) was not closed after its read returned", testserver.ClientField(line, "addr"))
 	}
 
 	// An interrupted server reads no more: neither on its connection nor
 	// on a new one of the pool.
-	before := dialed.count(masterAddr)
+	before := dialed.Count(masterAddr)
 	require.Equal(t, 1, before, "connections dialed to the master %s", masterAddr)
 	for i := 1; i <= 2; i++ {
 		es, err := s.Block(ctx, 10, 100*time.Millisecond)
@@ -109,7 +107,7 @@ func TestInterruptDuringAGivenUpReadClosesTheConnectionWhenTheReadReturns(t *tes
 			t.Fatalf("Block %d after Interrupt = %v, %v; want an error and no read", i, es, err)
 		}
 	}
-	if got := dialed.count(masterAddr); got != before {
+	if got := dialed.Count(masterAddr); got != before {
 		t.Fatalf("Block after Interrupt dialed %d connections, want none", got-before)
 	}
 }
@@ -123,78 +121,6 @@ func blockedReader(t *testing.T, admin *redis.Client) string {
 	for _, line := range strings.Split(list, "\n") {
 		if strings.Contains(line, "cmd=xreadgroup") && strings.Contains(line, "flags=b") {
 			return line
-		}
-	}
-	return ""
-}
-
-// dialedConns records the connections a client dials, so that a test can
-// wait for one to be closed without sending anything.
-type dialedConns struct {
-	mu    sync.Mutex
-	conns []*closeWatch
-}
-
-// closeWatch is a connection to addr whose closed is closed by its first
-// Close.
-type closeWatch struct {
-	net.Conn
-	addr   string
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (c *closeWatch) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
-
-func (d *dialedConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	w := &closeWatch{Conn: c, addr: addr, closed: make(chan struct{})}
-	d.mu.Lock()
-	d.conns = append(d.conns, w)
-	d.mu.Unlock()
-	return w, nil
-}
-
-// count returns how many connections to addr were dialed.
-func (d *dialedConns) count(addr string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	for _, c := range d.conns {
-		if c.addr == addr {
-			n++
-		}
-	}
-	return n
-}
-
-// find returns the connection whose local address is addr (as the server
-// names its client).
-func (d *dialedConns) find(t *testing.T, addr string) *closeWatch {
-	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.conns {
-		if c.LocalAddr().String() == addr {
-			return c
-		}
-	}
-	t.Fatalf("no connection dialed from %s", addr)
-	return nil
-}
-
-// clientField returns the value of name in a line of CLIENT LIST.
-func clientField(line, name string) string {
-	for _, f := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(f, name+"="); ok {
-			return v
 		}
 	}
 	return ""

@@ -2,7 +2,6 @@ package sharedread
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,9 +35,9 @@ func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
 	testserver.Parallel(t)
 	g := testserver.StartSentinel(t)
 	ctx := context.Background()
-	var dialed dialedConns
+	var dialed testserver.Dialed
 	client := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName: testserver.SentinelMasterName, SentinelAddrs: g.SentinelAddrs(), Dialer: dialed.dial,
+		MasterName: testserver.SentinelMasterName, SentinelAddrs: g.SentinelAddrs(), Dialer: dialed.Dial,
 	})
 	t.Cleanup(func() { _ = client.Close() })
 	masterAddr, err := g.Master(ctx)
@@ -82,7 +81,7 @@ func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
 		require.NoError(t, err)
 		return strings.Contains(line, "cmd=xreadgroup")
 	}, 10*time.Second, 5*time.Millisecond, "the shared read never reached the server")
-	readerNet := dialed.find(t, clientField(line, "addr"))
+	readerNet := dialed.Find(t, testserver.ClientField(line, "addr"))
 
 	require.NoError(t, master.Freeze())
 	thawed := false
@@ -108,66 +107,9 @@ func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
 	// its block time). Nothing is sent until the connection is closed.
 	thaw()
 	select {
-	case <-readerNet.closed:
+	case <-readerNet.Closed():
 	case <-time.After(30 * time.Second): // a bound against a hang, not a measure
 		t.Fatalf("the reader's connection (CLIENT ID %d) was not closed after its read returned", id)
 	}
 	wg.Wait()
-}
-
-// dialedConns records the connections a client dials, so that a test can
-// wait for one to be closed without sending anything.
-type dialedConns struct {
-	mu    sync.Mutex
-	conns []*closeWatch
-}
-
-// closeWatch is a connection whose closed is closed by its first Close.
-type closeWatch struct {
-	net.Conn
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (c *closeWatch) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
-
-func (d *dialedConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	w := &closeWatch{Conn: c, closed: make(chan struct{})}
-	d.mu.Lock()
-	d.conns = append(d.conns, w)
-	d.mu.Unlock()
-	return w, nil
-}
-
-// find returns the connection whose local address is addr (as the server
-// names its client).
-func (d *dialedConns) find(t *testing.T, addr string) *closeWatch {
-	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.conns {
-		if c.LocalAddr().String() == addr {
-			return c
-		}
-	}
-	t.Fatalf("no connection dialed from %s", addr)
-	return nil
-}
-
-// clientField returns the value of name in a line of CLIENT LIST.
-func clientField(line, name string) string {
-	for _, f := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(f, name+"="); ok {
-			return v
-		}
-	}
-	return ""
 }

@@ -616,7 +616,7 @@ type crashHandling struct {
 	w          *crashWorker
 	part       int
 	begin, end int64
-	frozen     bool // a freeze of its process began while it ran
+	frozen     bool // it met a freeze of its process
 }
 
 // judge reads the ledgers against what was published.
@@ -753,7 +753,10 @@ func (a *crashPartitioned) judge(pub crashPartitionedPublished) crashPartitioned
 	byPart := make([][]crashHandling, a.p.Partitions)
 	for i, h := range handlings {
 		for _, f := range a.freezes {
-			if f.w == h.w && h.begin < f.from && h.end > f.from {
+			// from is read once the signal is sent, and the process may
+			// still write a line before it stops: a handling counts as
+			// interrupted when it meets the freeze at all.
+			if f.w == h.w && h.begin < f.to && h.end > f.from {
 				handlings[i].frozen = true
 				r.frozenInHand++
 				break

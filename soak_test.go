@@ -105,7 +105,7 @@ type soakParams struct {
 
 // soakCI is the soak of TestChaosSoak: about 2 minutes.
 var soakCI = soakParams{
-	For:            80 * time.Second,
+	For:            110 * time.Second,
 	Workers:        3,
 	Partitions:     8,
 	Keys:           40,
@@ -131,7 +131,7 @@ const (
 	soakRetryAfter    = 50 * time.Millisecond // of the transform's retries
 )
 
-// TestChaosSoak runs the chaos soak for about 2 minutes (80 s of faults,
+// TestChaosSoak runs the chaos soak for about 2 minutes (110 s of faults,
 // VALKEYSTREAM_SOAK_FOR to change it) on a private server. It runs only
 // with VALKEYSTREAM_SOAK=1: it is meant for one server of the CI's passes.
 func TestChaosSoak(t *testing.T) {
@@ -156,25 +156,35 @@ func soakDuration(t *testing.T, def time.Duration) time.Duration {
 }
 
 // soakTopology is the servers a soak runs on: where each worker connects,
-// how the test inspects them, and the faults they can play beside the
-// workers' own (kill, freeze). The single server is one; a cluster (master
-// kill, planned failover) or Sentinel group would be another, with the
-// per-slot output topics of the workers' -output-per-slot.
+// how the test reaches them, and the faults they can play beside the
+// workers' own (kill, freeze). One private server (soakSingleServer) and a
+// cluster (soakCluster, in soak_cluster_test.go) are two; a Sentinel group
+// would be another.
 type soakTopology interface {
 	// describe names the servers, for the logs.
 	describe() string
-	// server is the server the judge and the replay talk to.
-	server() *testserver.Server
-	// workerArgs are the flags that point worker slot's client at the
+	// newClient returns a client of the servers for the test (publishing,
+	// inspecting), closed when the test ends; timeout is its read and
+	// write timeout, 0 for go-redis' defaults.
+	newClient(t *testing.T, timeout time.Duration) redis.UniversalClient
+	// cliArgs are the flags that point the valkeystream command at the
 	// servers.
+	cliArgs() []string
+	// workerArgs are the flags that point worker slot's client at the
+	// servers (through the slot's proxies).
 	workerArgs(slot int) []string
+	// perSlotOutputs reports whether each output goes to the output topic
+	// of its input partition's hash tag (soakworker -output-per-slot), as
+	// on a cluster, where a step's keys must share the input's slot.
+	perSlotOutputs() bool
 	// faults are the topology's faults.
 	faults() []soakFault
 }
 
-// soakFault is one kind of fault: play returns what it did, for the log.
+// soakFault is one kind of fault: play returns what it did, for the log;
+// plural names the fault in the summary ("3 cuts").
 type soakFault struct {
-	name   string
+	plural string
 	weight int
 	play   func(s *soak) string
 }
@@ -199,28 +209,46 @@ func (n *soakSingleServer) describe() string {
 	return fmt.Sprintf("%s %s (one server)", n.srv.Name(), n.srv.Version())
 }
 
-func (n *soakSingleServer) server() *testserver.Server { return n.srv }
+func (n *soakSingleServer) newClient(t *testing.T, timeout time.Duration) redis.UniversalClient {
+	c := redis.NewClient(&redis.Options{Addr: n.srv.Addr(), ReadTimeout: timeout, WriteTimeout: timeout})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (n *soakSingleServer) cliArgs() []string { return []string{"--addr", n.srv.Addr()} }
 
 func (n *soakSingleServer) workerArgs(slot int) []string {
 	return []string{"-addr", n.proxies[slot].Addr()}
 }
 
+func (n *soakSingleServer) perSlotOutputs() bool { return false }
+
 func (n *soakSingleServer) faults() []soakFault {
 	return []soakFault{
-		{name: "cut", weight: 3, play: func(s *soak) string {
+		{plural: "cuts", weight: 3, play: func(s *soak) string {
 			slot := s.pa.rng.IntN(len(n.proxies))
-			from := time.Now()
-			n.proxies[slot].Cut()
-			s.pa.sleepRandom(s.p.CutFor[0], s.p.CutFor[1]) // the cut is the scenario
-			n.proxies[slot].Heal()
-			return fmt.Sprintf("network of %s cut for %s", s.slots[slot].name, time.Since(from).Round(time.Millisecond))
+			return s.cut(slot, n.proxies[slot:slot+1])
 		}},
-		{name: "server restart", weight: 2, play: func(s *soak) string {
+		{plural: "server restarts", weight: 2, play: func(s *soak) string {
 			from := time.Now()
 			require.NoError(s.t, n.srv.Restart(), "restarting the server")
 			return fmt.Sprintf("server killed and started again, answering after %s", time.Since(from).Round(time.Millisecond))
 		}},
 	}
+}
+
+// cut holds every byte between the worker of slot and the servers (its
+// proxies) for CutFor, then lets them through.
+func (s *soak) cut(slot int, proxies []*testserver.Proxy) string {
+	from := time.Now()
+	for _, p := range proxies {
+		p.Cut()
+	}
+	s.pa.sleepRandom(s.p.CutFor[0], s.p.CutFor[1]) // the cut is the scenario
+	for _, p := range proxies {
+		p.Heal()
+	}
+	return fmt.Sprintf("network of %s (run %d) cut for %s", s.slots[slot].name, s.slots[slot].gen, time.Since(from).Round(time.Millisecond))
 }
 
 // soakWorker is one run of a worker process: the partitioned crash
@@ -247,7 +275,8 @@ type soak struct {
 	plain, output, fixedKey  string
 	slots                    []*soakWorker // the live run of each slot
 	runs                     []*soakWorker // every run
-	faultCount               map[string]int
+	faultKinds               []soakFault
+	faultCount               map[string]int // by plural
 	fixedAt                  int64 // when the poison messages were fixed, Unix ns
 	start                    time.Time
 	sameName, abandonedNames int
@@ -256,7 +285,6 @@ type soak struct {
 func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopology) {
 	started := time.Now()
 	topo := topology(t, p.Workers)
-	srv := topo.server()
 	bin := soakBuild(t, "./internal/soakworker", "soakworker")
 	cli := soakBuild(t, "./cmd/valkeystream", "valkeystream")
 	seed := uint64(time.Now().UnixNano())
@@ -277,7 +305,7 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 		faultCount: map[string]int{},
 	}
 	s.pa = &crashPartitioned{
-		crashRig: crashRig{t: t, srv: srv, admin: crashAdminClient(t, srv), bin: bin, dir: t.TempDir(),
+		crashRig: crashRig{t: t, admin: topo.newClient(t, 15*time.Second), bin: bin, dir: t.TempDir(),
 			topic: topic, group: "transform", rng: rand.New(rand.NewPCG(seed, 0x50a4)), seed: seed},
 		p: crashPartitionedParams{Partitions: p.Partitions, Workers: p.Workers, Keys: p.Keys,
 			OwnerTTL: soakOwnerTTL, RetryProb: p.TransformRetry, FreezeFor: p.FreezeFor},
@@ -328,8 +356,15 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 	fan := s.judgeFanOut()
 	st := s.workerStats()
 
-	faults := fmt.Sprintf("%d kills (%d restarts under the same name, %d names abandoned), %d freezes, %d cuts, %d server restarts",
-		s.faultCount["kill"], s.sameName, s.abandonedNames, s.faultCount["freeze"], s.faultCount["cut"], s.faultCount["server restart"])
+	var kinds []string
+	for _, f := range s.faultKinds {
+		kind := fmt.Sprintf("%d %s", s.faultCount[f.plural], f.plural)
+		if f.plural == "kills" {
+			kind += fmt.Sprintf(" (%d restarts under the same name, %d names abandoned)", s.sameName, s.abandonedNames)
+		}
+		kinds = append(kinds, kind)
+	}
+	faults := strings.Join(kinds, ", ")
 	t.Logf("chaos soak summary: server %s, seed %d, %s of faults (%s), %d processes; drained %s after the faults; "+
 		"partitioned: %d messages (%d keys, %d partitions), %d lost, %d out of order, %d handled after a move, %d overlapping handlings, %d handled again, %d retries, %d handlings a freeze interrupted, %d late hand-overs, %d taken with their context ended, takeover gaps %s; "+
 		"outputs: %d input entries, %d without an output, %d with more than one, %d stray, %d steps superseded; "+
@@ -419,6 +454,9 @@ func (s *soak) spawn(slot int, name string) *soakWorker {
 		"-partition-ledger", w.crashWorker.ledger.Path(),
 		"-ledger", w.ledger.Path(),
 	)
+	if s.topo.perSlotOutputs() {
+		args = append(args, "-output-per-slot")
+	}
 	if os.Getenv("VALKEYSTREAM_TEST_LOG") == "debug" {
 		args = append(args, "-v")
 	}
@@ -431,13 +469,14 @@ func (s *soak) spawn(slot int, name string) *soakWorker {
 func (s *soak) playFaults() {
 	t, a := s.t, s.pa
 	faults := []soakFault{
-		{name: "kill", weight: 3, play: (*soak).kill},
-		{name: "freeze", weight: 2, play: (*soak).freeze},
+		{plural: "kills", weight: 3, play: (*soak).kill},
+		{plural: "freezes", weight: 2, play: (*soak).freeze},
 	}
 	if !crashCanFreeze {
 		faults = faults[:1]
 	}
 	faults = append(faults, s.topo.faults()...)
+	s.faultKinds = faults
 	total := 0
 	for _, f := range faults {
 		total += f.weight
@@ -455,7 +494,7 @@ func (s *soak) playFaults() {
 		}
 		at := time.Since(s.start)
 		what := f.play(s)
-		s.faultCount[f.name]++
+		s.faultCount[f.plural]++
 		t.Logf("fault %d at +%s: %s", n, at.Round(time.Millisecond), what)
 	}
 }
@@ -693,8 +732,8 @@ func (s *soak) replay() int {
 	if len(poison) > 0 {
 		require.NoError(t, s.pa.admin.SAdd(ctx, s.fixedKey, poison...).Err())
 	}
-	cmd := exec.Command(s.cli, "dead", "replay", s.plain, "--all", "--yes", "--json", "--limit", "1000000",
-		"--addr", s.topo.server().Addr())
+	cmd := exec.Command(s.cli, append([]string{"dead", "replay", s.plain, "--all", "--yes", "--json", "--limit", "1000000"},
+		s.topo.cliArgs()...)...)
 	out, err := cmd.Output()
 	var stderr []byte
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -746,7 +785,7 @@ func (s *soak) judgeOutputs(part crashPartitionedPublished) soakOutputs {
 			o.lost++
 		}
 	}
-	for _, e := range crashStreamEntries(s.t, s.pa.admin, s.output) {
+	for _, e := range s.outputEntries() {
 		msg, err := valkeystream.DefaultMarshaler{}.Unmarshal(e.Values)
 		require.NoError(s.t, err, "output entry %s", e.ID)
 		k := msg.Metadata.Get("input_stream") + " " + msg.Metadata.Get("input_entry")
@@ -781,6 +820,21 @@ func (s *soak) judgeOutputs(part crashPartitionedPublished) soakOutputs {
 		o.supersededLogged += strings.Count(string(data), "The input is no longer this delivery's")
 	}
 	return o
+}
+
+// outputEntries returns every entry of the output topic: of each
+// partition's output topic with per-slot outputs.
+func (s *soak) outputEntries() []redis.XMessage {
+	if !s.topo.perSlotOutputs() {
+		return crashStreamEntries(s.t, s.pa.admin, s.output)
+	}
+	var all []redis.XMessage
+	for _, stream := range s.pa.layout.Streams() {
+		open, end := strings.IndexByte(stream, '{'), strings.IndexByte(stream, '}')
+		require.True(s.t, open >= 0 && end > open, "partition stream %s has no hash tag", stream)
+		all = append(all, crashStreamEntries(s.t, s.pa.admin, s.output+stream[open:end+1])...)
+	}
+	return all
 }
 
 // soakPlainVerdict is what the ledgers say of the plain topic.
@@ -972,8 +1026,7 @@ type soakPlainPublished struct {
 // one call, one every RoundEvery, until stop is closed.
 func (s *soak) publishPartitioned(stop <-chan struct{}) crashPartitionedPublished {
 	res := crashPartitionedPublished{msgs: map[string]crashKeyed{}}
-	client := redis.NewClient(&redis.Options{Addr: s.topo.server().Addr()})
-	defer client.Close()
+	client := s.topo.newClient(s.t, 0)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
 		Client: client, Partitions: map[string]int{s.pa.topic: s.p.Partitions}, IdempotentWindow: time.Minute,
 	}, testLogger())
@@ -1013,8 +1066,7 @@ func (s *soak) publishPartitioned(stop <-chan struct{}) crashPartitionedPublishe
 // delayed message is not idempotent), the others in one idempotent call.
 func (s *soak) publishPlain(stop <-chan struct{}, rng *rand.Rand) soakPlainPublished {
 	res := soakPlainPublished{msgs: map[string]soakPlain{}, poison: map[string]bool{}}
-	client := redis.NewClient(&redis.Options{Addr: s.topo.server().Addr()})
-	defer client.Close()
+	client := s.topo.newClient(s.t, 0)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client, IdempotentWindow: time.Minute}, testLogger())
 	if err != nil {
 		res.err = err

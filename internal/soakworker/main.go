@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -77,6 +78,7 @@ var (
 
 type config struct {
 	addrs         []string
+	dial          map[string]string // address -> the proxy to dial instead
 	cluster       bool
 	consumer      string
 	seed          uint64
@@ -101,9 +103,10 @@ type config struct {
 
 func main() {
 	var c config
-	var addrs, partitionLedger, ledgerPath string
+	var addrs, dial, partitionLedger, ledgerPath string
 	flag.StringVar(&addrs, "addr", "", "server host:port, or the nodes of a cluster, comma-separated (with -cluster)")
 	flag.BoolVar(&c.cluster, "cluster", false, "the server is a cluster")
+	flag.StringVar(&dial, "dial", "", "addresses to dial instead of others: node=proxy, comma-separated (the nodes of a cluster, each through a proxy)")
 	flag.StringVar(&c.consumer, "consumer", "", "consumer name (the base of the leased names) of both groups")
 	flag.Uint64Var(&c.seed, "seed", 1, "seed of the handlers' random choices")
 	flag.StringVar(&c.partitioned, "partitioned", "", "the partitioned input topic")
@@ -131,6 +134,14 @@ func main() {
 	flag.BoolVar(&c.verbose, "v", false, "log at debug level")
 	flag.Parse()
 	c.addrs = strings.Split(addrs, ",")
+	c.dial = map[string]string{}
+	for _, pair := range strings.Split(dial, ",") {
+		if from, to, ok := strings.Cut(pair, "="); ok {
+			c.dial[from] = to
+		} else if pair != "" {
+			fail(2, fmt.Errorf("-dial: %q is not node=proxy", pair))
+		}
+	}
 	if addrs == "" || c.consumer == "" || c.partitioned == "" || c.partitions < 1 || c.transformTo == "" ||
 		c.plain == "" || c.fixedKey == "" || partitionLedger == "" || ledgerPath == "" {
 		fail(2, errors.New("-addr, -consumer, -partitioned, -partitions, -output, -plain, -fixed-key, -partition-ledger and -ledger are required"))
@@ -181,11 +192,18 @@ type service struct {
 }
 
 func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) int {
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	dialVia := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if to, ok := c.dial[addr]; ok {
+			addr = to
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
 	var client redis.UniversalClient
 	if c.cluster {
-		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.addrs})
+		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.addrs, Dialer: dialVia})
 	} else {
-		client = redis.NewClient(&redis.Options{Addr: c.addrs[0]})
+		client = redis.NewClient(&redis.Options{Addr: c.addrs[0], Dialer: dialVia})
 	}
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, c.verbose, false)
 	s := &service{c: c, client: client, pl: pl, l: l, rng: rand.New(rand.NewPCG(c.seed, c.seed^0x50a4))}

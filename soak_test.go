@@ -277,7 +277,7 @@ type soak struct {
 	runs                     []*soakWorker // every run
 	faultKinds               []soakFault
 	faultCount               map[string]int // by plural
-	fixedAt                  int64 // when the poison messages were fixed, Unix ns
+	fixedAt                  int64          // when the poison messages were fixed, Unix ns
 	start                    time.Time
 	sameName, abandonedNames int
 }

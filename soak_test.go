@@ -843,7 +843,7 @@ type soakPlainVerdict struct {
 	handledAgain int // messages with more than one H line
 	afterDone    int // B lines after an M line of their message
 	lateMarks    int // L lines
-	delayedEarly int // delayed messages handled, seen or appended before their due time
+	delayedEarly int // delayed messages handled, seen or appended before their due time (counted once each)
 	retriesEarly int // retries delivered by the process that asked before their time
 	retriesAsked int // R lines
 	poisonOnce   int // poison messages with exactly one H line, after the fix
@@ -873,6 +873,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			}
 		}
 	}
+	early := map[string]bool{} // delayed messages handled, seen or appended early
 	var examples []string
 	example := func(format string, args ...any) {
 		if len(examples) < 10 {
@@ -906,12 +907,12 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 					}
 				}
 				if m.delay > 0 && r.At < due {
-					v.delayedEarly++
+					early[r.UUID] = true
 					example("delayed message %s handled by %s (run %d) %s before its due time", r.UUID, w.name, w.gen, time.Duration(due-r.At))
 				}
 			case soakledger.Seen:
 				if m.delay > 0 && r.At < due {
-					v.delayedEarly++
+					early[r.UUID] = true
 					example("delayed message %s seen by the fan-out of %s (run %d) %s before its due time", r.UUID, w.name, w.gen, time.Duration(due-r.At))
 				}
 			case soakledger.Retried:
@@ -925,7 +926,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 		ms, err := strconv.ParseInt(strings.SplitN(e.ID, "-", 2)[0], 10, 64)
 		require.NoError(s.t, err, "entry id %s", e.ID)
 		if due := m.from + int64(m.delay); m.delay > 0 && ms*int64(time.Millisecond) < due {
-			v.delayedEarly++
+			early[id] = true
 			example("delayed message %s appended to the stream as %s, %s before its due time", id, e.ID, time.Duration(due-ms*int64(time.Millisecond)))
 		}
 	}
@@ -946,6 +947,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			v.handledAgain++
 		}
 	}
+	v.delayedEarly = len(early)
 	for _, ex := range examples {
 		s.t.Log("plain: " + ex)
 	}

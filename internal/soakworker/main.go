@@ -32,6 +32,11 @@
 //   - fan-out: the topic -plain read without a consumer group from its
 //     head, an S line per message in the -ledger.
 //
+// The client is a *redis.Client of -addr, or with -cluster a
+// *redis.ClusterClient of the nodes -addr lists; -dial maps addresses to
+// the ones dialed instead, so that each node of a cluster is reached
+// through a proxy of the worker's own, which the test can cut.
+//
 // It stops gracefully (the router closes, sending what it has not sent yet,
 // exit status 0) when its standard input reaches end of file, and then
 // prints its counters on one line beginning "soakworker: stats " (JSON).

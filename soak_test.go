@@ -1013,7 +1013,7 @@ type soakPlain struct {
 	kind       string        // "", "retry" or "poison"
 	retryAfter time.Duration // of "retry"
 	delay      time.Duration // 0: not delayed
-	from       int64         // wall clock before its Publish call began, Unix ns
+	from       int64         // of a delayed message, the wall clock when its delay was asked (Unix ns)
 }
 
 type soakPlainPublished struct {
@@ -1096,7 +1096,11 @@ func (s *soak) publishPlain(stop <-chan struct{}, rng *rand.Rand) soakPlainPubli
 				p.kind, p.retryAfter = "retry", between(200*time.Millisecond, 800*time.Millisecond)
 				m.Metadata.Set("soak_retry_after", p.retryAfter.String())
 			case x < s.p.Poison+s.p.Retry+s.p.Delayed:
+				// The delay is asked now: the message is due no earlier
+				// than now plus the delay, however late its Publish call
+				// goes out (a retried call publishes it later).
 				p.delay = between(300*time.Millisecond, 3*time.Second)
+				p.from = time.Now().UnixNano()
 				delay.Message(m, delay.For(p.delay))
 			}
 			if p.kind != "" {
@@ -1113,14 +1117,12 @@ func (s *soak) publishPlain(stop <-chan struct{}, rng *rand.Rand) soakPlainPubli
 			if len(msgs) == 0 {
 				continue
 			}
-			from := time.Now().UnixNano()
 			if err := soakPublish(pub, s.plain, msgs, &res.failures); err != nil {
 				res.err = err
 				return res
 			}
 			for _, m := range msgs {
 				p := kinds[m.UUID]
-				p.from = from
 				res.msgs[m.UUID] = p
 				switch {
 				case p.kind == "poison":

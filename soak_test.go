@@ -82,8 +82,9 @@ import (
 //
 // Times are compared across processes by the wall clock: the workers, the
 // test and the server run on one machine (the server's TIME is the same
-// clock), so a delayed message handled before its publish began plus its
-// delay was handled early, whatever the machine's load.
+// clock), so a delayed message handled before the moment its delay was
+// asked (delay.For, just before its Publish call) plus the delay was
+// handled early, whatever the machine's load.
 
 // soakParams sizes a soak.
 type soakParams struct {
@@ -280,6 +281,7 @@ type soak struct {
 	fixedAt                  int64          // when the poison messages were fixed, Unix ns
 	start                    time.Time
 	sameName, abandonedNames int
+	earlyKills               int // kills of a run while it started
 }
 
 func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopology) {
@@ -360,7 +362,8 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 	for _, f := range s.faultKinds {
 		kind := fmt.Sprintf("%d %s", s.faultCount[f.plural], f.plural)
 		if f.plural == "kills" {
-			kind += fmt.Sprintf(" (%d restarts under the same name, %d names abandoned)", s.sameName, s.abandonedNames)
+			kind = fmt.Sprintf("%d kills (%d of a run while it started; %d restarts under the same name, %d names abandoned)",
+				len(s.pa.kills), s.earlyKills, s.sameName, s.abandonedNames)
 		}
 		kinds = append(kinds, kind)
 	}
@@ -430,6 +433,7 @@ func (s *soak) spawn(slot int, name string) *soakWorker {
 	}
 	ackFlush := []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond}[a.rng.IntN(3)]
 	batch := []int{20, 50, 100}[a.rng.IntN(3)]
+	handle := time.Duration(1+a.rng.IntN(3)) * time.Millisecond // of each transform handling
 	args := append(s.topo.workerArgs(slot),
 		"-consumer", name,
 		"-seed", strconv.FormatUint(a.rng.Uint64(), 10),
@@ -443,6 +447,7 @@ func (s *soak) spawn(slot int, name string) *soakWorker {
 		"-max-deliveries", strconv.Itoa(soakMaxDeliveries),
 		"-retry-prob", strconv.FormatFloat(s.p.TransformRetry, 'g', -1, 64),
 		"-retry-after", soakRetryAfter.String(),
+		"-handle-time", handle.String(),
 		"-block", crashBlockTime.String(),
 		"-claim-interval", crashClaimInterval.String(),
 		"-claim-min-idle", crashClaimMinIdle.String(),
@@ -501,9 +506,11 @@ func (s *soak) playFaults() {
 
 // kill SIGKILLs a worker and starts another in its slot, at once or a
 // little later, under its name or a new one.
-func (s *soak) kill() string {
+func (s *soak) kill() string { return s.killSlot(s.pa.rng.IntN(len(s.slots))) }
+
+// killSlot kills the worker of slot and starts the next (see kill).
+func (s *soak) killSlot(slot int) string {
 	a := s.pa
-	slot := a.rng.IntN(len(s.slots))
 	victim := s.slots[slot]
 	a.kill(victim.crashWorker)
 	name := victim.name
@@ -517,7 +524,15 @@ func (s *soak) kill() string {
 	}
 	a.sleepRandom(0, 300*time.Millisecond)
 	s.slots[slot] = s.spawn(slot, name)
-	return fmt.Sprintf("%s (run %d) killed, %s (run %d) started", victim.name, victim.gen, name, s.slots[slot].gen)
+	what := fmt.Sprintf("%s (run %d) killed, %s (run %d) started", victim.name, victim.gen, name, s.slots[slot].gen)
+	if a.rng.IntN(4) == 0 {
+		// Kill the new run too while it starts: it drains, takes over
+		// leases and acquires partitions, and entries die a second time.
+		a.sleepRandom(30*time.Millisecond, 250*time.Millisecond)
+		s.earlyKills++
+		what += "; then " + s.killSlot(slot)
+	}
+	return what
 }
 
 // freeze stops a worker with SIGSTOP for FreezeFor, then resumes it.

@@ -50,12 +50,14 @@ import (
 // A fault scheduler, seeded (VALKEYSTREAM_CRASH_SEED repeats its choices,
 // as in the crash audits), plays one fault at a time, after a random
 // pause, chosen among: SIGKILL of a worker (restarted at once or a little
-// later, under its name or a new one), a freeze (SIGSTOP past the
-// partitions' owner TTL, the consumer leases and ClaimMinIdle, then
-// SIGCONT), and the faults of the servers the soak runs on (soakTopology):
-// on one server, a network cut of one worker (each reaches the server
-// through a proxy of its own) and a restart of the server (SIGKILL, then
-// the append-only file, fsynced on every write, replayed).
+// later, under its name or a new one; one kill in four kills the new run
+// again while it starts), a freeze (SIGSTOP past the partitions' owner
+// TTL, the consumer leases and ClaimMinIdle, then SIGCONT), and the faults
+// of the servers the soak runs on (soakTopology): on one server, a network
+// cut of one worker (each reaches the server through a proxy of its own)
+// and a restart of the server (SIGKILL, then the append-only file, fsynced
+// on every write, replayed); on a cluster (soak_cluster_test.go), cuts and
+// planned failovers.
 //
 // When the faults stop, the soak waits until everything is handled, checks
 // the dead letters, fixes the poison messages, replays them, waits again,
@@ -135,6 +137,9 @@ const (
 // TestChaosSoak runs the chaos soak for about 2 minutes (110 s of faults,
 // VALKEYSTREAM_SOAK_FOR to change it) on a private server. It runs only
 // with VALKEYSTREAM_SOAK=1: it is meant for one server of the CI's passes.
+// Like the crash audits it runs serially, not beside the parallel tests:
+// its faults come at a steady pace while the workers' progress depends on
+// the CPU they get.
 func TestChaosSoak(t *testing.T) {
 	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
 		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
@@ -353,6 +358,8 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 
 	r := s.pa.judge(part)
 	r.kills, r.freezes = len(s.pa.kills), len(s.pa.freezes)
+	partDead, err := s.pa.admin.XLen(context.Background(), topic+valkeystream.DefaultDeadLetterSuffix).Result()
+	require.NoError(t, err)
 	out := s.judgeOutputs(part)
 	pl := s.judgePlain(plain)
 	fan := s.judgeFanOut()
@@ -398,6 +405,9 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 	}
 	if r.afterMove > 0 {
 		t.Errorf("partitioned: %d handlings of an entry by a worker that had lost it (seed %d)", r.afterMove, seed)
+	}
+	if partDead > 0 {
+		t.Errorf("partitioned: %d dead letters, where no message fails (seed %d)", partDead, seed)
 	}
 	if out.missing > 0 || out.duplicated > 0 || out.stray > 0 || out.lost > 0 {
 		t.Errorf("outputs: %d input entries without an output, %d with more than one, %d outputs of no input entry, %d published inputs in no partition stream (seed %d)",
@@ -487,7 +497,7 @@ func (s *soak) playFaults() {
 		total += f.weight
 	}
 	for n := 1; time.Since(s.start) < s.p.For; n++ {
-		a.sleepRandom(s.p.FaultPause[0], s.p.FaultPause[1])
+		a.sleepRandom(s.p.FaultPause[0], s.p.FaultPause[1]) // the pace of the faults is the scenario
 		s.checkAlive()
 		pick := a.rng.IntN(total)
 		var f soakFault
@@ -1165,8 +1175,10 @@ func soakPublish(pub message.Publisher, topic string, msgs []*message.Message, f
 }
 
 // soakBuild builds the package pkg (a path relative to the module root)
-// into a temporary directory, without -race (a faster worker lets more
-// faults land mid-stream), and returns the binary.
+// into a temporary directory and returns the binary. It builds without
+// -race (a faster worker lets more faults land mid-stream) unless
+// VALKEYSTREAM_SOAK_RACE=1, which checks the library's code in the
+// workers for data races under the soak's load.
 func soakBuild(t *testing.T, pkg, name string) string {
 	t.Helper()
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -1181,7 +1193,11 @@ func soakBuild(t *testing.T, pkg, name string) string {
 	if runtime.GOOS == "windows" {
 		out += ".exe"
 	}
-	if output, err := exec.Command(goBin, "build", "-o", out, pkg).CombinedOutput(); err != nil {
+	args := []string{"build", "-o", out}
+	if os.Getenv("VALKEYSTREAM_SOAK_RACE") != "" {
+		args = append(args, "-race")
+	}
+	if output, err := exec.Command(goBin, append(args, pkg)...).CombinedOutput(); err != nil {
 		t.Fatalf("building %s: %v\n%s", pkg, err, output)
 	}
 	return out

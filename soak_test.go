@@ -352,8 +352,9 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 		w.stop(t)
 	}
 	s.readLedgers()
-	require.True(t, s.pa.settled(true), "the partitioned topic's groups after the workers stopped")
-	ok, why := s.groupSettled(s.plain, "plain")
+	ok, why := s.partitionsSettled()
+	require.True(t, ok, "the partitioned topic's groups after the workers stopped: %s", why)
+	ok, why = s.groupSettled(s.plain, "plain")
 	require.True(t, ok, "the plain group after the workers stopped: %s", why)
 
 	r := s.pa.judge(part)
@@ -575,7 +576,10 @@ func (s *soak) waitFor(what string, done func() (bool, string)) {
 		}
 		s.checkAlive()
 		if time.Now().After(deadline) {
-			s.pa.settled(true)
+			if ok, why := s.partitionsSettled(); !ok {
+				s.t.Log(why)
+			}
+			s.t.Logf("owner records now: %q", s.pa.ownerRecords())
 			s.t.Fatalf("waited %s for %s: %s (seed %d)", s.p.Drain, what, why, s.pa.seed)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -617,8 +621,8 @@ func (s *soak) drained(part crashPartitionedPublished, plain soakPlainPublished,
 	if n := len(part.msgs) - len(handled); n > 0 {
 		return false, fmt.Sprintf("%d of %d partitioned messages not handled", n, len(part.msgs))
 	}
-	if !s.pa.settled(false) {
-		return false, "the partitioned topic's groups have entries pending or unread"
+	if ok, why := s.partitionsSettled(); !ok {
+		return false, why
 	}
 	plainHandled := map[string]bool{}
 	for _, w := range s.runs {
@@ -676,8 +680,24 @@ func (s *soak) drained(part crashPartitionedPublished, plain soakPlainPublished,
 	return true, ""
 }
 
+// partitionsSettled reports whether the group of every partition of the
+// transform's input has nothing pending and nothing unread, and if not,
+// why.
+func (s *soak) partitionsSettled() (bool, string) {
+	for i, stream := range s.pa.layout.Streams() {
+		if ok, why := s.groupSettled(stream, s.pa.group); !ok {
+			return false, fmt.Sprintf("partition %d: %s", i, why)
+		}
+	}
+	return true, ""
+}
+
 // groupSettled reports whether group of stream has nothing pending and
-// nothing unread, and if not, why.
+// nothing unread (its last delivered entry the stream's last), and if not,
+// why. The group's lag (XINFO GROUPS) is not asked: Redis 7.0.15 does not
+// pass a group's count of entries read on to its replicas with the reads,
+// so after a failover the new master reports a lag of entries the group
+// read before it.
 func (s *soak) groupSettled(stream, group string) (bool, string) {
 	ctx := context.Background()
 	info, err := s.pa.admin.XInfoStream(ctx, stream).Result()
@@ -692,7 +712,7 @@ func (s *soak) groupSettled(stream, group string) (bool, string) {
 		if g.Name != group {
 			continue
 		}
-		if g.Pending != 0 || g.LastDeliveredID != info.LastGeneratedID || g.Lag > 0 {
+		if g.Pending != 0 || g.LastDeliveredID != info.LastGeneratedID {
 			return false, fmt.Sprintf("group %s of %s: %d pending, last delivered %s of %s, lag %d",
 				group, stream, g.Pending, g.LastDeliveredID, info.LastGeneratedID, g.Lag)
 		}

@@ -422,6 +422,9 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 		t.Errorf("dead letters: %d of messages that are not poison, %d poison messages without one, %d given up before delivery %d (seed %d)",
 			dead.others, dead.missing, dead.early, soakMaxDeliveries, seed)
 	}
+	if races := s.races(); races > 0 {
+		t.Errorf("%d worker runs reported a data race (VALKEYSTREAM_SOAK_RACE)", races)
+	}
 	if fan.missing > 0 {
 		t.Errorf("fan-out: %d entries of the plain stream missing from a last run's fan-out (seed %d)", fan.missing, seed)
 	}
@@ -1017,6 +1020,23 @@ func (s *soak) judgeFanOut() soakFanOut {
 		}
 	}
 	return f
+}
+
+// races counts the runs whose log holds a report of the race detector
+// (with VALKEYSTREAM_SOAK_RACE), and logs the first.
+func (s *soak) races() int {
+	n := 0
+	for _, w := range s.runs {
+		data, err := os.ReadFile(w.logPath)
+		require.NoError(s.t, err)
+		if i := strings.Index(string(data), "WARNING: DATA RACE"); i >= 0 {
+			if n == 0 {
+				s.t.Logf("data race in %s (run %d):\n%s", w.name, w.gen, data[i:min(len(data), i+6000)])
+			}
+			n++
+		}
+	}
+	return n
 }
 
 // soakStats are the counters of the runs that stopped gracefully (the last

@@ -583,6 +583,9 @@ func (s *soak) waitFor(what string, done func() (bool, string)) {
 				s.t.Log(why)
 			}
 			s.t.Logf("owner records now: %q", s.pa.ownerRecords())
+			for _, w := range s.slots {
+				s.t.Logf("worker %s (run %d) log:\n%s", w.name, w.gen, crashLogTail(w.logPath))
+			}
 			s.t.Fatalf("waited %s for %s: %s (seed %d)", s.p.Drain, what, why, s.pa.seed)
 		}
 		time.Sleep(100 * time.Millisecond)

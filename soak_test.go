@@ -526,6 +526,7 @@ func (s *soak) kill() string { return s.killSlot(s.pa.rng.IntN(len(s.slots))) }
 func (s *soak) killSlot(slot int) string {
 	a := s.pa
 	victim := s.slots[slot]
+	s.learnMember(victim)
 	a.kill(victim.crashWorker)
 	name := victim.name
 	if a.rng.IntN(2) == 0 {
@@ -554,8 +555,27 @@ func (s *soak) freeze() string {
 	slot := s.pa.rng.IntN(len(s.slots))
 	w := s.slots[slot]
 	from := time.Now()
+	s.learnMember(w)
 	s.pa.freeze(w.crashWorker)
 	return fmt.Sprintf("%s (run %d) frozen for %s", w.name, w.gen, time.Since(from).Round(time.Millisecond))
+}
+
+// learnMember reads, once the worker has logged it, the consumer name its
+// transform subscription took: its member id on the partitioned topic,
+// which the partitioned audit's kill and freeze look for in the owner
+// records and the pending lists.
+func (s *soak) learnMember(w *soakWorker) {
+	if w.member != "" {
+		return
+	}
+	data, err := os.ReadFile(w.logPath)
+	require.NoError(s.t, err)
+	const prefix = "soakworker: transform subscribed as consumer "
+	if _, after, ok := strings.Cut(string(data), prefix); ok {
+		if name, _, ok := strings.Cut(after, "\n"); ok {
+			w.member = name
+		}
+	}
 }
 
 // checkAlive fails the test if a live worker exited by itself.

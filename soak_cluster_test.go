@@ -17,8 +17,9 @@ import (
 // TestChaosSoakCluster is the chaos soak on a Redis Cluster (three
 // masters, three replicas): the same services, each output in its input
 // partition's slot (so that ExactlyOnce's step lies in one slot), and
-// among the faults planned failovers (CLUSTER FAILOVER) and network cuts
-// of a worker from every node. A master SIGKILLed is not among them: its
+// among the faults planned failovers (CLUSTER FAILOVER), a worker frozen
+// across one, and network cuts of a worker from every node. A master
+// SIGKILLed is not among them: its
 // replica may miss the last writes it acknowledged, which nothing here
 // promises to keep (docs/reliability.md, "Not promised"), and every check
 // of the soak counts on them. Like TestChaosSoak it runs only with
@@ -76,23 +77,34 @@ func (n *soakCluster) workerArgs(slot int) []string {
 func (n *soakCluster) perSlotOutputs() bool { return true }
 
 func (n *soakCluster) faults() []soakFault {
-	return []soakFault{
+	faults := []soakFault{
 		{plural: "cuts", weight: 3, play: func(s *soak) string {
 			slot := s.pa.rng.IntN(len(n.proxies))
 			return s.cut(slot, n.proxies[slot])
 		}},
-		{plural: "planned failovers", weight: 2, play: func(s *soak) string {
-			// The master of a partition's slot hands over to its replica.
-			streams := s.pa.layout.Streams()
-			key := streams[s.pa.rng.IntN(len(streams))]
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			master, replicas, err := n.c.SlotOwner(ctx, key)
-			require.NoError(s.t, err, "the master of %s", key)
-			require.NotEmpty(s.t, replicas, "the replicas of %s's master %s", key, master)
-			from := time.Now()
-			require.NoError(s.t, n.c.Failover(ctx, replicas[0]), "failing %s over to %s", master, replicas[0])
-			return fmt.Sprintf("planned failover of %s (the master of %s) to %s, done after %s", master, key, replicas[0], time.Since(from).Round(time.Millisecond))
-		}},
+		{plural: "planned failovers", weight: 2, play: n.failover},
 	}
+	if crashCanFreeze {
+		faults = append(faults, soakFault{plural: "freezes across a planned failover", weight: 1, play: func(s *soak) string {
+			var failover string
+			frozen := s.frozenAcross("a planned failover", func() { failover = n.failover(s) })
+			return frozen + ": " + failover
+		}})
+	}
+	return faults
+}
+
+// failover has the master of a partition's slot hand over to its replica
+// (a planned failover).
+func (n *soakCluster) failover(s *soak) string {
+	streams := s.pa.layout.Streams()
+	key := streams[s.pa.rng.IntN(len(streams))]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	master, replicas, err := n.c.SlotOwner(ctx, key)
+	require.NoError(s.t, err, "the master of %s", key)
+	require.NotEmpty(s.t, replicas, "the replicas of %s's master %s", key, master)
+	from := time.Now()
+	require.NoError(s.t, n.c.Failover(ctx, replicas[0]), "failing %s over to %s", master, replicas[0])
+	return fmt.Sprintf("planned failover of %s (the master of %s) to %s, done after %s", master, key, replicas[0], time.Since(from).Round(time.Millisecond))
 }

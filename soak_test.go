@@ -54,10 +54,11 @@ import (
 // again while it starts), a freeze (SIGSTOP past the partitions' owner
 // TTL, the consumer leases and ClaimMinIdle, then SIGCONT), and the faults
 // of the servers the soak runs on (soakTopology): on one server, a network
-// cut of one worker (each reaches the server through a proxy of its own)
-// and a restart of the server (SIGKILL, then the append-only file, fsynced
-// on every write, replayed); on a cluster (soak_cluster_test.go), cuts and
-// planned failovers.
+// cut of one worker (each reaches the server through a proxy of its own),
+// a restart of the server (SIGKILL, then the append-only file, fsynced on
+// every write, replayed), and a worker frozen across a restart; on a
+// cluster (soak_cluster_test.go), cuts, planned failovers, and a worker
+// frozen across one.
 //
 // When the faults stop, the soak waits until everything is handled, checks
 // the dead letters, fixes the poison messages, replays them, waits again,
@@ -230,7 +231,7 @@ func (n *soakSingleServer) workerArgs(slot int) []string {
 func (n *soakSingleServer) perSlotOutputs() bool { return false }
 
 func (n *soakSingleServer) faults() []soakFault {
-	return []soakFault{
+	faults := []soakFault{
 		{plural: "cuts", weight: 3, play: func(s *soak) string {
 			slot := s.pa.rng.IntN(len(n.proxies))
 			return s.cut(slot, n.proxies[slot:slot+1])
@@ -241,6 +242,41 @@ func (n *soakSingleServer) faults() []soakFault {
 			return fmt.Sprintf("server killed and started again, answering after %s", time.Since(from).Round(time.Millisecond))
 		}},
 	}
+	if crashCanFreeze {
+		faults = append(faults, soakFault{plural: "freezes across a server restart", weight: 1, play: func(s *soak) string {
+			// The worker wakes to a server that restarted meanwhile, its
+			// partitions, leases and entries gone to the others.
+			return s.frozenAcross("a server restart", func() { require.NoError(s.t, n.srv.Restart(), "restarting the server") })
+		}})
+	}
+	return faults
+}
+
+// frozenAcross freezes a worker (SIGSTOP), plays fault (what) meanwhile,
+// holds the freeze for FreezeFor in all, and resumes the worker (SIGCONT).
+func (s *soak) frozenAcross(what string, fault func()) string {
+	t, a := s.t, s.pa
+	w := s.slots[a.rng.IntN(len(s.slots))]
+	s.learnMember(w)
+	hold := time.Duration(0)
+	if s.p.FreezeFor[1] > s.p.FreezeFor[0] {
+		hold = time.Duration(a.rng.Int64N(int64(s.p.FreezeFor[1] - s.p.FreezeFor[0])))
+	}
+	hold += s.p.FreezeFor[0]
+	f := crashPartitionedFreeze{w: w.crashWorker}
+	require.NoError(t, crashStop(w.cmd.Process))
+	f.from = time.Now().UnixNano()
+	for i, record := range a.ownerRecords() {
+		if a.owns(w.crashWorker, i, record) {
+			f.owned++
+		}
+	}
+	fault()
+	time.Sleep(time.Until(time.Unix(0, f.from).Add(hold))) // the freeze is the scenario
+	f.to = time.Now().UnixNano()
+	require.NoError(t, crashCont(w.cmd.Process))
+	a.freezes = append(a.freezes, f)
+	return fmt.Sprintf("%s (run %d) frozen for %s across %s", w.name, w.gen, time.Duration(f.to-f.from).Round(time.Millisecond), what)
 }
 
 // cut holds every byte between the worker of slot and the servers (its

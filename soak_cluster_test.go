@@ -19,11 +19,10 @@ import (
 // partition's slot (so that ExactlyOnce's step lies in one slot), and
 // among the faults planned failovers (CLUSTER FAILOVER), a worker frozen
 // across one, and network cuts of a worker from every node. A master
-// SIGKILLed is not among them: its
-// replica may miss the last writes it acknowledged, which nothing here
-// promises to keep (docs/reliability.md, "Not promised"), and every check
-// of the soak counts on them. Like TestChaosSoak it runs only with
-// VALKEYSTREAM_SOAK=1, about 2 minutes.
+// SIGKILLed is not among them: its replica may miss the last writes it
+// acknowledged, which nothing here promises to keep (docs/reliability.md,
+// "Not promised"), and every check of the soak counts on them. Like
+// TestChaosSoak it runs only with VALKEYSTREAM_SOAK=1, about 2 minutes.
 func TestChaosSoakCluster(t *testing.T) {
 	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
 		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")

@@ -992,7 +992,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			at    int64
 			after time.Duration
 		}
-		retry := map[string]asked{} // uuid -> this run's last R line
+		retry := map[string]asked{} // entry id -> this run's last R line of it
 		for _, r := range w.recs {
 			m, ok := plain.msgs[r.UUID]
 			if !ok {
@@ -1006,8 +1006,8 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 					v.afterDone++
 					example("message %s begun by %s (run %d, count %d) %s after it was marked done", r.UUID, w.name, w.gen, r.Count, time.Duration(r.At-at))
 				}
-				if q, ok := retry[r.UUID]; ok {
-					delete(retry, r.UUID)
+				if q, ok := retry[r.EntryID]; ok {
+					delete(retry, r.EntryID)
 					if r.At < q.at+int64(q.after) {
 						v.retriesEarly++
 						example("message %s delivered again to %s (run %d) %s after it asked for a retry in %s", r.UUID, w.name, w.gen, time.Duration(r.At-q.at), q.after)
@@ -1023,7 +1023,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 					example("delayed message %s seen by the fan-out of %s (run %d) %s before its due time", r.UUID, w.name, w.gen, time.Duration(due-r.At))
 				}
 			case soakledger.Retried:
-				retry[r.UUID] = asked{r.At, m.retryAfter}
+				retry[r.EntryID] = asked{r.At, m.retryAfter}
 			}
 		}
 	}

@@ -37,7 +37,10 @@
 // the ones dialed instead, so that each node of a cluster is reached
 // through a proxy of the worker's own, which the test can cut.
 //
-// It stops gracefully (the router closes, sending what it has not sent yet,
+// Once its router runs it logs the consumer name each group subscription
+// took ("soakworker: transform subscribed as consumer <name>": its member
+// id on the partitioned topic). It stops gracefully (the router closes,
+// sending what it has not sent yet,
 // exit status 0) when its standard input reaches end of file, and then
 // prints its counters on one line beginning "soakworker: stats " (JSON).
 // Exit statuses: 0 after a graceful stop, 1 when a ledger cannot be

@@ -72,9 +72,10 @@ import (
 //   - outputs: exactly one per input entry, none of no input;
 //   - plain topic: every message handled (a poison one once, after its
 //     fix), no handling begun after the message was marked done with its
-//     in-progress mark intact (but by a run frozen when it was marked,
-//     after its own mark was set and before its handler began: the
-//     Deduplicator's documented limit), no delayed message handled (or
+//     in-progress mark intact (but by a run frozen or cut off within
+//     RunningTTL before it was marked, whose own mark, set before the
+//     stall, lapsed before its handler began: the Deduplicator's
+//     documented limit), no delayed message handled (or
 //     seen by the fan-out, or appended to the stream) before its due
 //     time, no retry delivered by the process that asked for it before
 //     the time it asked;
@@ -293,6 +294,7 @@ func (s *soak) cut(slot int, proxies []*testserver.Proxy) string {
 	for _, p := range proxies {
 		p.Heal()
 	}
+	s.cuts = append(s.cuts, soakCut{w: s.slots[slot], from: from.UnixNano(), to: time.Now().UnixNano()})
 	return fmt.Sprintf("network of %s (run %d) cut for %s", s.slots[slot].name, s.slots[slot].gen, time.Since(from).Round(time.Millisecond))
 }
 
@@ -326,6 +328,14 @@ type soak struct {
 	start                    time.Time
 	sameName, abandonedNames int
 	earlyKills               int // kills of a run while it started
+	cuts                     []soakCut
+}
+
+// soakCut is one network cut of a run, Unix ns: from just before it began
+// to just after it healed.
+type soakCut struct {
+	w        *soakWorker
+	from, to int64
 }
 
 func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopology) {
@@ -422,13 +432,13 @@ func runSoak(t *testing.T, p soakParams, topology func(*testing.T, int) soakTopo
 	t.Logf("chaos soak summary: server %s, seed %d, %s of faults (%s), %d processes; drained %s after the faults; "+
 		"partitioned: %d messages (%d keys, %d partitions), %d lost, %d out of order, %d handled after a move, %d overlapping handlings, %d handled again, %d retries, %d handlings a freeze interrupted, %d late hand-overs, %d taken with their context ended, takeover gaps %s; "+
 		"outputs: %d input entries, %d without an output, %d with more than one, %d stray, %d steps superseded; "+
-		"plain: %d messages (%d delayed, %d asking for a retry, %d poison), %d lost, %d handled again, %d begun after marked done (%d more by a run frozen across the mark), %d marked with a lost mark, %d delayed handled early, %d retries early, %d retries asked; "+
+		"plain: %d messages (%d delayed, %d asking for a retry, %d poison), %d lost, %d handled again, %d begun after marked done (%d more by a run frozen or cut off as it was marked), %d marked with a lost mark, %d delayed handled early, %d retries early, %d retries asked; "+
 		"dead letters: %d (%d poison messages, %d others, %d missing, %d given up early), %d replayed, %d poison handled once after the fix, %d otherwise; "+
 		"fan-out: %d last runs saw %d entries each, %d missing; publish calls failed and retried: %d; pending at the end: 0",
 		topo.describe(), seed, p.For, faults, s.pa.spawns, drained.Round(time.Millisecond),
 		len(part.msgs), p.Keys, p.Partitions, r.lost, r.outOfOrderB+r.outOfOrderH, r.afterMove, r.overlaps, r.handledAgain, r.retried, r.frozenInHand, st.Partitions.LateHandOvers, st.Fenced, crashGapSummary(r.gaps),
 		out.inputs, out.missing, out.duplicated, out.stray, st.ExactlyOnce.Superseded+int64(out.supersededLogged),
-		len(plain.msgs), plain.delayed, plain.retries, len(plain.poison), pl.lost, pl.handledAgain, pl.afterDone, pl.thawedLate, pl.lateMarks, pl.delayedEarly, pl.retriesEarly, pl.retriesAsked,
+		len(plain.msgs), plain.delayed, plain.retries, len(plain.poison), pl.lost, pl.handledAgain, pl.afterDone, pl.stalledLate, pl.lateMarks, pl.delayedEarly, pl.retriesEarly, pl.retriesAsked,
 		dead.letters, dead.poison, dead.others, dead.missing, dead.early, replayed, pl.poisonOnce, pl.poisonOther,
 		fan.runs, fan.entries, fan.missing, part.failures+plain.failures)
 	t.Logf("| %s | %d | %s | %s | %d (%d keys, %d partitions): %d lost, %d out of order, %d after a move | %d inputs: %d without output, %d with two or more | %d (%d delayed, %d retries, %d poison): %d lost, %d begun after done, %d delayed early, %d retries early | %d dead letters = %d poison, %d replayed, %d handled once after the fix | %d runs, %d missing | 0 pending |",
@@ -969,8 +979,8 @@ func (s *soak) outputEntries() []redis.XMessage {
 type soakPlainVerdict struct {
 	lost         int // messages (not poison) with no H line
 	handledAgain int // messages with more than one H line
-	afterDone    int // B lines after an M line of their message, no freeze of their run between
-	thawedLate   int // B lines after an M line, of a run frozen when the mark was written and thawed before
+	afterDone    int // B lines after an M line of their message, no stall of their run near it
+	stalledLate  int // B lines after an M line, of a run frozen or cut off within RunningTTL before the M line
 	lateMarks    int // L lines
 	delayedEarly int // delayed messages handled, seen or appended before their due time (counted once each)
 	retriesEarly int // retries delivered by the process that asked before their time
@@ -1025,13 +1035,16 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			switch r.Kind {
 			case soakledger.Began:
 				if at, ok := doneAt[r.UUID]; ok && r.At > at {
-					if s.frozenAt(w, at, r.At) {
-						// Frozen after its in-progress mark was set and
-						// before its handler began, past RunningTTL: a peer
-						// handled the message meanwhile (the documented
-						// limit: a stall past RunningTTL can lose the mark
-						// while a duplicate runs).
-						v.thawedLate++
+					if s.stalled(w, at-int64(crashDedupRunningTTL), at) {
+						// Frozen or cut off after its in-progress mark was
+						// set (or while the reply that it was set was on its
+						// way) and before its handler began, past
+						// RunningTTL: a peer handled the message meanwhile
+						// (the documented limit: a stall past RunningTTL can
+						// lose the mark while a duplicate runs).
+						v.stalledLate++
+						example("message %s begun by %s (run %d, count %d) %s after it was marked done, the run stalled (frozen or cut off) meanwhile: the documented limit",
+							r.UUID, w.name, w.gen, r.Count, time.Duration(r.At-at))
 					} else {
 						v.afterDone++
 						example("message %s begun by %s (run %d, count %d) %s after it was marked done", r.UUID, w.name, w.gen, r.Count, time.Duration(r.At-at))
@@ -1092,11 +1105,16 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 	return v
 }
 
-// frozenAt reports whether the run w was frozen at the instant at (Unix
-// ns) and thawed by before.
-func (s *soak) frozenAt(w *soakWorker, at, before int64) bool {
+// stalled reports whether the run w was frozen or cut off at some instant
+// between from and to (Unix ns).
+func (s *soak) stalled(w *soakWorker, from, to int64) bool {
 	for _, f := range s.pa.freezes {
-		if f.w == w.crashWorker && f.from < at && at < f.to && f.to <= before {
+		if f.w == w.crashWorker && f.from < to && f.to > from {
+			return true
+		}
+	}
+	for _, c := range s.cuts {
+		if c.w == w && c.from < to && c.to > from {
 			return true
 		}
 	}

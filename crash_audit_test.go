@@ -163,7 +163,7 @@ type crashKillStats struct {
 type crashRig struct {
 	t      *testing.T
 	srv    *testserver.Server
-	admin  *redis.Client
+	admin  redis.UniversalClient
 	bin    string
 	dir    string
 	topic  string

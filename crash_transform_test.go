@@ -300,7 +300,7 @@ func (a *crashAudit) explainMultiOutput(want []string, inputEntry map[string]str
 // crashStreamEntries reads every entry of the stream at key, in pages. A
 // page starts at the last entry of the one before (no exclusive ranges
 // before Redis 6.2), which is dropped.
-func crashStreamEntries(t *testing.T, c *redis.Client, key string) []redis.XMessage {
+func crashStreamEntries(t *testing.T, c redis.UniversalClient, key string) []redis.XMessage {
 	t.Helper()
 	const page = 5000
 	var all []redis.XMessage

@@ -677,7 +677,7 @@ func (s *soak) waitFor(what string, done func() (bool, string)) {
 			}
 			s.t.Fatalf("waited %s for %s: %s (seed %d)", s.p.Drain, what, why, s.pa.seed)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the poll of a wait for the workers
 	}
 }
 

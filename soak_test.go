@@ -677,7 +677,7 @@ func (s *soak) waitFor(what string, done func() (bool, string)) {
 			}
 			s.t.Fatalf("waited %s for %s: %s (seed %d)", s.p.Drain, what, why, s.pa.seed)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the poll of a wait for the workers
 	}
 }
 
@@ -1038,7 +1038,7 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			after time.Duration
 		}
 		retry := map[string]asked{} // entry id -> this run's last R line of it
-		for _, r := range w.recs {
+		for i, r := range w.recs {
 			m, ok := plain.msgs[r.UUID]
 			if !ok {
 				v.unknown++
@@ -1048,13 +1048,14 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 			switch r.Kind {
 			case soakledger.Began:
 				if at, ok := doneAt[r.UUID]; ok && r.At > at {
-					if s.stalled(w, at-int64(crashDedupRunningTTL), at) {
+					if s.stalled(w, at-int64(crashDedupRunningTTL), at) && !markedIntact(w.recs[i+1:], r.EntryID) {
 						// Frozen or cut off after its in-progress mark was
 						// set (or while the reply that it was set was on its
 						// way) and before its handler began, past
 						// RunningTTL: a peer handled the message meanwhile
 						// (the documented limit: a stall past RunningTTL can
-						// lose the mark while a duplicate runs).
+						// lose the mark while a duplicate runs), and this
+						// handling did not find its mark intact.
 						v.stalledLate++
 						example("message %s begun by %s (run %d, count %d) %s after it was marked done, the run stalled (frozen or cut off) meanwhile: the documented limit",
 							r.UUID, w.name, w.gen, r.Count, time.Duration(r.At-at))
@@ -1119,6 +1120,24 @@ func (s *soak) judgePlain(plain soakPlainPublished) soakPlainVerdict {
 		s.t.Log("plain: " + ex)
 	}
 	return v
+}
+
+// markedIntact reports whether the first mark line of the entry id in
+// recs (the lines of a run after a B line of it) is M: the handling found
+// its in-progress mark intact, so it cannot have lost it to a peer.
+func markedIntact(recs []soakledger.Record, id string) bool {
+	for _, r := range recs {
+		if r.EntryID != id {
+			continue
+		}
+		switch r.Kind {
+		case soakledger.Marked:
+			return true
+		case soakledger.MarkedLate, soakledger.GivenUp, soakledger.Began:
+			return false
+		}
+	}
+	return false
 }
 
 // stalled reports whether the run w was frozen or cut off at some instant

@@ -85,28 +85,42 @@ var (
 )
 
 type config struct {
-	addrs         []string
-	dial          map[string]string // address -> the proxy to dial instead
-	cluster       bool
-	consumer      string
-	seed          uint64
-	partitioned   string
-	partitions    int
-	transformTo   string
-	perSlot       bool
-	transformGrp  string
-	plain         string
-	plainGroup    string
-	fixedKey      string
+	addrs    []string
+	dial     map[string]string // address -> the proxy to dial instead
+	cluster  bool
+	consumer string
+	seed     uint64
+	tp       topics
+	h        handling
+	t        timings
+
+	verbose bool
+}
+
+// topics are the worker's topics and groups.
+type topics struct {
+	partitioned  string
+	partitions   int
+	transformTo  string
+	perSlot      bool
+	transformGrp string
+	plain        string
+	plainGroup   string
+	fixedKey     string
+}
+
+// handling is how the worker's handlers behave.
+type handling struct {
 	maxDeliveries int
 	handleTime    time.Duration
 	retryProb     float64
 	retryAfter    time.Duration
+}
 
+// timings are the worker's Subscriber and Deduplicator settings.
+type timings struct {
 	block, claimInterval, claimMinIdle, ackFlush, leaseTTL, ownerTTL, runningTTL time.Duration
 	batch                                                                        int64
-
-	verbose bool
 }
 
 func main() {
@@ -117,26 +131,26 @@ func main() {
 	flag.StringVar(&dial, "dial", "", "addresses to dial instead of others: node=proxy, comma-separated (the nodes of a cluster, each through a proxy)")
 	flag.StringVar(&c.consumer, "consumer", "", "consumer name (the base of the leased names) of both groups")
 	flag.Uint64Var(&c.seed, "seed", 1, "seed of the handlers' random choices")
-	flag.StringVar(&c.partitioned, "partitioned", "", "the partitioned input topic")
-	flag.IntVar(&c.partitions, "partitions", 0, "its partition count")
-	flag.StringVar(&c.transformTo, "output", "", "the output topic of the transform")
-	flag.BoolVar(&c.perSlot, "output-per-slot", false, "publish each output to the output topic of its input's hash tag")
-	flag.StringVar(&c.transformGrp, "transform-group", "transform", "consumer group of the partitioned topic")
-	flag.StringVar(&c.plain, "plain", "", "the plain topic (consumer group and fan-out)")
-	flag.StringVar(&c.plainGroup, "plain-group", "plain", "consumer group of the plain topic")
-	flag.StringVar(&c.fixedKey, "fixed-key", "", "server set of the UUIDs of poison messages that are fixed")
-	flag.IntVar(&c.maxDeliveries, "max-deliveries", 3, "DeadLetterConfig.MaxDeliveries")
-	flag.DurationVar(&c.handleTime, "handle-time", time.Millisecond, "every transform handling takes this long")
-	flag.Float64Var(&c.retryProb, "retry-prob", 0, "probability that a transform handling asks for a retry")
-	flag.DurationVar(&c.retryAfter, "retry-after", 50*time.Millisecond, "the retry-after of -retry-prob")
-	flag.DurationVar(&c.block, "block", 200*time.Millisecond, "SubscriberConfig.BlockTime")
-	flag.DurationVar(&c.claimInterval, "claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
-	flag.DurationVar(&c.claimMinIdle, "claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
-	flag.DurationVar(&c.ackFlush, "ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
-	flag.DurationVar(&c.leaseTTL, "lease-ttl", 500*time.Millisecond, "SubscriberConfig.ConsumerLeaseTTL")
-	flag.DurationVar(&c.ownerTTL, "partition-ttl", time.Second, "SubscriberConfig.PartitionOwnerTTL")
-	flag.DurationVar(&c.runningTTL, "running-ttl", 3*time.Second, "DedupConfig.RunningTTL")
-	flag.Int64Var(&c.batch, "batch", 0, "SubscriberConfig.BatchSize (0: default)")
+	flag.StringVar(&c.tp.partitioned, "partitioned", "", "the partitioned input topic")
+	flag.IntVar(&c.tp.partitions, "partitions", 0, "its partition count")
+	flag.StringVar(&c.tp.transformTo, "output", "", "the output topic of the transform")
+	flag.BoolVar(&c.tp.perSlot, "output-per-slot", false, "publish each output to the output topic of its input's hash tag")
+	flag.StringVar(&c.tp.transformGrp, "transform-group", "transform", "consumer group of the partitioned topic")
+	flag.StringVar(&c.tp.plain, "plain", "", "the plain topic (consumer group and fan-out)")
+	flag.StringVar(&c.tp.plainGroup, "plain-group", "plain", "consumer group of the plain topic")
+	flag.StringVar(&c.tp.fixedKey, "fixed-key", "", "server set of the UUIDs of poison messages that are fixed")
+	flag.IntVar(&c.h.maxDeliveries, "max-deliveries", 3, "DeadLetterConfig.MaxDeliveries")
+	flag.DurationVar(&c.h.handleTime, "handle-time", time.Millisecond, "every transform handling takes this long")
+	flag.Float64Var(&c.h.retryProb, "retry-prob", 0, "probability that a transform handling asks for a retry")
+	flag.DurationVar(&c.h.retryAfter, "retry-after", 50*time.Millisecond, "the retry-after of -retry-prob")
+	flag.DurationVar(&c.t.block, "block", 200*time.Millisecond, "SubscriberConfig.BlockTime")
+	flag.DurationVar(&c.t.claimInterval, "claim-interval", 300*time.Millisecond, "SubscriberConfig.ClaimInterval")
+	flag.DurationVar(&c.t.claimMinIdle, "claim-min-idle", 1500*time.Millisecond, "SubscriberConfig.ClaimMinIdle")
+	flag.DurationVar(&c.t.ackFlush, "ack-flush", 100*time.Millisecond, "SubscriberConfig.AckFlushInterval")
+	flag.DurationVar(&c.t.leaseTTL, "lease-ttl", 500*time.Millisecond, "SubscriberConfig.ConsumerLeaseTTL")
+	flag.DurationVar(&c.t.ownerTTL, "partition-ttl", time.Second, "SubscriberConfig.PartitionOwnerTTL")
+	flag.DurationVar(&c.t.runningTTL, "running-ttl", 3*time.Second, "DedupConfig.RunningTTL")
+	flag.Int64Var(&c.t.batch, "batch", 0, "SubscriberConfig.BatchSize (0: default)")
 	flag.StringVar(&partitionLedger, "partition-ledger", "", "ledger of the transform (internal/audit), to create")
 	flag.StringVar(&ledgerPath, "ledger", "", "ledger of the plain group and the fan-out (internal/soakledger), to create")
 	flag.BoolVar(&c.verbose, "v", false, "log at debug level")
@@ -150,8 +164,8 @@ func main() {
 			fail(2, fmt.Errorf("-dial: %q is not node=proxy", pair))
 		}
 	}
-	if addrs == "" || c.consumer == "" || c.partitioned == "" || c.partitions < 1 || c.transformTo == "" ||
-		c.plain == "" || c.fixedKey == "" || partitionLedger == "" || ledgerPath == "" {
+	if addrs == "" || c.consumer == "" || c.tp.partitioned == "" || c.tp.partitions < 1 || c.tp.transformTo == "" ||
+		c.tp.plain == "" || c.tp.fixedKey == "" || partitionLedger == "" || ledgerPath == "" {
 		fail(2, errors.New("-addr, -consumer, -partitioned, -partitions, -output, -plain, -fixed-key, -partition-ledger and -ledger are required"))
 	}
 	pl, err := audit.Create(partitionLedger)
@@ -216,26 +230,26 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 	logger := watermill.NewStdLoggerWithOut(os.Stderr, c.verbose, false)
 	s := &service{c: c, client: client, pl: pl, l: l, rng: rand.New(rand.NewPCG(c.seed, c.seed^0x50a4))}
 
-	partitions := map[string]int{c.partitioned: c.partitions}
+	partitions := map[string]int{c.tp.partitioned: c.tp.partitions}
 	group := func(name string) valkeystream.SubscriberConfig {
 		return valkeystream.SubscriberConfig{
 			Client: client, ConsumerGroup: name, Consumer: c.consumer, Start: valkeystream.StartHead,
-			BatchSize: c.batch, BlockTime: c.block, ClaimInterval: c.claimInterval, ClaimMinIdle: c.claimMinIdle,
-			AckFlushInterval: c.ackFlush, ConsumerLeaseTTL: c.leaseTTL,
+			BatchSize: c.t.batch, BlockTime: c.t.block, ClaimInterval: c.t.claimInterval, ClaimMinIdle: c.t.claimMinIdle,
+			AckFlushInterval: c.t.ackFlush, ConsumerLeaseTTL: c.t.leaseTTL,
 		}
 	}
-	tc := group(c.transformGrp)
-	tc.Partitions, tc.PartitionOwnerTTL = partitions, c.ownerTTL
+	tc := group(c.tp.transformGrp)
+	tc.Partitions, tc.PartitionOwnerTTL = partitions, c.t.ownerTTL
 	transformSub, err := valkeystream.NewSubscriber(tc, logger)
 	if err != nil {
 		fail(2, err)
 	}
-	plainSub, err := valkeystream.NewSubscriber(group(c.plainGroup), logger)
+	plainSub, err := valkeystream.NewSubscriber(group(c.tp.plainGroup), logger)
 	if err != nil {
 		fail(2, err)
 	}
 	fanOut, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
-		Client: client, Start: valkeystream.StartHead, BlockTime: c.block,
+		Client: client, Start: valkeystream.StartHead, BlockTime: c.t.block,
 	}, logger)
 	if err != nil {
 		fail(2, err)
@@ -248,11 +262,11 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 	if err != nil {
 		fail(2, err)
 	}
-	s.dedup, err = valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client, RunningTTL: c.runningTTL}, logger)
+	s.dedup, err = valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: client, RunningTTL: c.t.runningTTL}, logger)
 	if err != nil {
 		fail(2, err)
 	}
-	deadLetter, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{Publisher: s.pub, MaxDeliveries: c.maxDeliveries}, logger)
+	deadLetter, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{Publisher: s.pub, MaxDeliveries: c.h.maxDeliveries}, logger)
 	if err != nil {
 		fail(2, err)
 	}
@@ -262,8 +276,8 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 	}
 
 	var transform *message.Handler
-	if c.perSlot {
-		transform = router.AddConsumerHandler("transform", c.partitioned, retrying{transformSub, ctx},
+	if c.tp.perSlot {
+		transform = router.AddConsumerHandler("transform", c.tp.partitioned, retrying{transformSub, ctx},
 			func(m *message.Message) error {
 				outs, err := s.transform(m)
 				if err != nil {
@@ -272,15 +286,15 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 				for _, out := range outs {
 					out.SetContext(m.Context()) // the input's: the output joins the step
 				}
-				return s.pub.Publish(slotTopic(c.transformTo, m), outs...)
+				return s.pub.Publish(slotTopic(c.tp.transformTo, m), outs...)
 			})
 	} else {
-		transform = router.AddHandler("transform", c.partitioned, retrying{transformSub, ctx}, c.transformTo, s.pub, s.transform)
+		transform = router.AddHandler("transform", c.tp.partitioned, retrying{transformSub, ctx}, c.tp.transformTo, s.pub, s.transform)
 	}
 	transform.AddMiddleware(x.Middleware)
-	plain := router.AddConsumerHandler("plain", c.plain, retrying{plainSub, ctx}, s.plain)
+	plain := router.AddConsumerHandler("plain", c.tp.plain, retrying{plainSub, ctx}, s.plain)
 	plain.AddMiddleware(s.recordMarks, s.dedup.Middleware, deadLetter)
-	fan := router.AddConsumerHandler("fan-out", c.plain, retrying{fanOut, ctx}, s.fanOut)
+	fan := router.AddConsumerHandler("fan-out", c.tp.plain, retrying{fanOut, ctx}, s.fanOut)
 
 	var stopping atomic.Bool
 	ended := make(chan string, 3)
@@ -386,7 +400,7 @@ func (s *service) transform(m *message.Message) ([]*message.Message, error) {
 	if err != nil {
 		fail(2, fmt.Errorf("message %s (entry %s) has no sequence number: %w", m.UUID, id, err))
 	}
-	if got, want := m.Metadata.Get(valkeystream.MetadataPartition), strconv.Itoa(valkeystream.PartitionOf(key, s.c.partitions)); got != want {
+	if got, want := m.Metadata.Get(valkeystream.MetadataPartition), strconv.Itoa(valkeystream.PartitionOf(key, s.c.tp.partitions)); got != want {
 		fail(4, fmt.Errorf("message %s (entry %s, key %q) delivered from partition %q, its key's is %s", m.UUID, id, key, got, want))
 	}
 	write := func(kind byte) {
@@ -395,11 +409,11 @@ func (s *service) transform(m *message.Message) ([]*message.Message, error) {
 		}
 	}
 	write(audit.Began)
-	time.Sleep(s.c.handleTime)
-	if s.c.retryProb > 0 && s.rng.Float64() < s.c.retryProb {
+	time.Sleep(s.c.h.handleTime)
+	if s.c.h.retryProb > 0 && s.rng.Float64() < s.c.h.retryProb {
 		write(audit.Retried)
 		s.retried.Add(1)
-		return nil, valkeystream.RetryAfter(m, s.c.retryAfter, errRetry)
+		return nil, valkeystream.RetryAfter(m, s.c.h.retryAfter, errRetry)
 	}
 	out := message.NewMessage(watermill.NewUUID(), append([]byte("out:"), m.Payload...))
 	out.Metadata.Set("input", m.UUID)
@@ -462,7 +476,7 @@ func (s *service) plain(m *message.Message) error {
 			return valkeystream.RetryAfter(m, d, errRetry)
 		}
 	case "poison":
-		fixed, err := s.client.SIsMember(m.Context(), s.c.fixedKey, m.UUID).Result()
+		fixed, err := s.client.SIsMember(m.Context(), s.c.tp.fixedKey, m.UUID).Result()
 		if err != nil || !fixed {
 			s.line(soakledger.Failed, m)
 			s.failed.Add(1)

@@ -900,7 +900,7 @@ func TestACLExactlyOnce(t *testing.T) {
 		// time to live grows back.
 		mark := valkeystream.DefaultDedupKeyPrefix + in + ":g:" + msg.UUID
 		least := running
-		for deadline := time.Now().Add(receiveTimeout); ; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(receiveTimeout); ; time.Sleep(5 * time.Millisecond) { // the poll of a wait until the deadline
 			ttl := r.e.client.PTTL(ctx, mark).Val()
 			if least = min(least, ttl); ttl > least+running/10 {
 				break

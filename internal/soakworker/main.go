@@ -352,8 +352,10 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 	_ = l.Close()
 
 	stats := workerStats{
-		Fenced: s.fenced.Load(), Transformed: s.transformed.Load(), TransformRetries: s.retried.Load(),
-		Handled: s.handled.Load(), Failed: s.failed.Load(), RetriesAsked: s.asked.Load(), Seen: s.seen.Load(),
+		handlerCounts: handlerCounts{
+			Fenced: s.fenced.Load(), Transformed: s.transformed.Load(), TransformRetries: s.retried.Load(),
+			Handled: s.handled.Load(), Failed: s.failed.Load(), RetriesAsked: s.asked.Load(), Seen: s.seen.Load(),
+		},
 		Partitions: transformSub.PartitionStats(), TransformNacks: transformSub.Stats().Nacks,
 		PlainNacks: plainSub.Stats().Nacks, Dedup: s.dedup.Stats(), ExactlyOnce: x.Stats(),
 		Faults: transformSub.Stats().Faults + plainSub.Stats().Faults + fanOut.Stats().Faults,
@@ -366,8 +368,20 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 	return status
 }
 
-// workerStats is what a worker prints when it stops gracefully.
+// workerStats is what a worker prints when it stops gracefully: its
+// handlers' counts (flat in the JSON) and the library's.
 type workerStats struct {
+	handlerCounts
+	Faults         int64 // the three subscriptions' Stats().Faults
+	Partitions     valkeystream.PartitionStats
+	TransformNacks valkeystream.NackStats
+	PlainNacks     valkeystream.NackStats
+	Dedup          valkeystream.DedupStats
+	ExactlyOnce    valkeystream.ExactlyOnceStats
+}
+
+// handlerCounts are what the worker's handlers counted.
+type handlerCounts struct {
 	Fenced           int64 // transform messages taken with their context ended (not handled)
 	Transformed      int64 // transform handlings that returned an output
 	TransformRetries int64
@@ -375,12 +389,6 @@ type workerStats struct {
 	Failed           int64 // plain handlings of poison messages that failed
 	RetriesAsked     int64 // plain handlings that asked for a retry
 	Seen             int64 // fan-out messages
-	Faults           int64 // the three subscriptions' Stats().Faults
-	Partitions       valkeystream.PartitionStats
-	TransformNacks   valkeystream.NackStats
-	PlainNacks       valkeystream.NackStats
-	Dedup            valkeystream.DedupStats
-	ExactlyOnce      valkeystream.ExactlyOnceStats
 }
 
 // transform is the partitioned topic's handler: one output per input.

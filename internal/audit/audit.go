@@ -26,7 +26,6 @@
 package audit
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -165,64 +164,36 @@ type Record struct {
 // Reader reads a ledger file incrementally, while its writer may still be
 // appending to it: each call to Read returns the complete lines added since
 // the previous call.
-type Reader struct {
-	path    string
-	off     int64  // bytes consumed, up to the end of the last complete line
-	partial []byte // bytes after the last newline seen so far
-}
+type Reader struct{ lines *Lines }
 
 // NewReader returns a Reader of the ledger file at path. The file need not
 // exist yet.
-func NewReader(path string) *Reader { return &Reader{path: path} }
+func NewReader(path string) *Reader { return &Reader{lines: NewLines(path)} }
 
 // Path is the file the Reader reads.
-func (r *Reader) Path() string { return r.path }
+func (r *Reader) Path() string { return r.lines.Path() }
 
 // Read returns the complete lines appended since the last call. A malformed
 // complete line is an error: only the last line of a file may be torn, and
 // it has no newline.
 func (r *Reader) Read() ([]Record, error) {
-	f, err := os.Open(r.path)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.NewSectionReader(f, r.off+int64(len(r.partial)), 1<<62))
-	if err != nil {
-		return nil, fmt.Errorf("audit: reading %s: %w", r.path, err)
-	}
-	data = append(r.partial, data...)
-	end := bytes.LastIndexByte(data, '\n')
-	if end < 0 {
-		r.partial = data
-		return nil, nil
-	}
-	complete := data[:end+1]
-	r.partial = append([]byte(nil), data[end+1:]...)
-	lineOff := r.off
-	r.off += int64(len(complete))
-
 	var recs []Record
-	for len(complete) > 0 {
-		i := bytes.IndexByte(complete, '\n')
-		line := complete[:i]
+	err := r.lines.Read(func(line []byte) error {
 		rec, err := parse(line)
-		if err != nil {
-			return recs, fmt.Errorf("audit: %s at byte %d: %w", r.path, lineOff, err)
+		if err == nil {
+			recs = append(recs, rec)
 		}
-		recs = append(recs, rec)
-		lineOff += int64(i + 1)
-		complete = complete[i+1:]
+		return err
+	})
+	if err != nil {
+		return recs, fmt.Errorf("audit: %w", err)
 	}
 	return recs, nil
 }
 
 // Torn returns the bytes after the last complete line seen by Read: a line
 // whose writer died during the write (or is writing it now). It never counts.
-func (r *Reader) Torn() []byte { return r.partial }
+func (r *Reader) Torn() []byte { return r.lines.Torn() }
 
 // kinds are the kinds of lines.
 const kinds = "BHMR"

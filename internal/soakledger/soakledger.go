@@ -18,7 +18,6 @@
 package soakledger
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +25,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/echomq/valkeystream/internal/audit"
 )
 
 // Kinds of lines.
@@ -124,55 +125,32 @@ type Record struct {
 	Detail  string // "" for "-"
 }
 
-// Reader reads a ledger file incrementally while its writer may still be
-// appending: each Read returns the complete lines added since the last.
-type Reader struct {
-	path    string
-	off     int64  // bytes consumed, up to the end of the last complete line
-	partial []byte // bytes after the last newline seen so far
-}
+// Reader reads a ledger file incrementally, while its writer may still be
+// appending to it: each call to Read returns the complete lines added since
+// the previous call.
+type Reader struct{ lines *audit.Lines }
 
-// NewReader returns a Reader of the file at path, which need not exist yet.
-func NewReader(path string) *Reader { return &Reader{path: path} }
+// NewReader returns a Reader of the ledger file at path. The file need not
+// exist yet.
+func NewReader(path string) *Reader { return &Reader{lines: audit.NewLines(path)} }
 
 // Path is the file the Reader reads.
-func (r *Reader) Path() string { return r.path }
+func (r *Reader) Path() string { return r.lines.Path() }
 
-// Read returns the complete lines appended since the last call. A
-// malformed complete line is an error.
+// Read returns the complete lines appended since the last call. A malformed
+// complete line is an error: only the last line of a file may be torn, and
+// it has no newline.
 func (r *Reader) Read() ([]Record, error) {
-	f, err := os.Open(r.path)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("soakledger: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.NewSectionReader(f, r.off+int64(len(r.partial)), 1<<62))
-	if err != nil {
-		return nil, fmt.Errorf("soakledger: reading %s: %w", r.path, err)
-	}
-	data = append(r.partial, data...)
-	end := bytes.LastIndexByte(data, '\n')
-	if end < 0 {
-		r.partial = data
-		return nil, nil
-	}
-	complete := data[:end+1]
-	r.partial = append([]byte(nil), data[end+1:]...)
-	at := r.off
-	r.off += int64(len(complete))
 	var recs []Record
-	for len(complete) > 0 {
-		i := bytes.IndexByte(complete, '\n')
-		rec, err := parse(complete[:i])
-		if err != nil {
-			return recs, fmt.Errorf("soakledger: %s at byte %d: %w", r.path, at, err)
+	err := r.lines.Read(func(line []byte) error {
+		rec, err := parse(line)
+		if err == nil {
+			recs = append(recs, rec)
 		}
-		recs = append(recs, rec)
-		at += int64(i + 1)
-		complete = complete[i+1:]
+		return err
+	})
+	if err != nil {
+		return recs, fmt.Errorf("soakledger: %w", err)
 	}
 	return recs, nil
 }

@@ -22,10 +22,12 @@
 //
 //	go run -C examples ./service
 //
-// It uses the server at VALKEYSTREAM_ADDR if set, else starts a private
-// valkey-server or redis-server, else an embedded miniredis. On a server it
-// started itself it publishes a few sample orders; -sample-orders sets how
-// many. -h lists the flags.
+// It uses the server at -addr (or VALKEYSTREAM_ADDR) if set, else starts a
+// private valkey-server or redis-server, else an embedded miniredis, and
+// serves HTTP at -http (or SERVICE_HTTP_ADDR; default 127.0.0.1:8080); its
+// first line names both. On a server it started itself it publishes a few
+// sample orders; -sample-orders sets how many. -h lists the flags; see
+// README.md beside this file.
 package main
 
 import (
@@ -63,11 +65,18 @@ const maxDeliveries = 3
 const shutdownTimeout = 10 * time.Second
 
 func main() {
-	httpAddr := flag.String("http", "127.0.0.1:8080", "address of the HTTP server (/metrics, /livez, /readyz)")
+	addr := flag.String("addr", os.Getenv("VALKEYSTREAM_ADDR"), "host:port of the server (default $VALKEYSTREAM_ADDR; empty: start a private one)")
+	httpAddr := flag.String("http", envOr("SERVICE_HTTP_ADDR", "127.0.0.1:8080"), "address of the HTTP server (/metrics, /livez, /readyz; default $SERVICE_HTTP_ADDR, else 127.0.0.1:8080; port 0 picks a free one)")
 	reminderDelay := flag.Duration("reminder-delay", 5*time.Second, "how long after an order its payment reminder is due")
 	samples := flag.Int("sample-orders", -1, "sample orders to publish at start (-1: 10 on a server the service started itself, else 0)")
 	verbose := flag.Bool("v", false, "print Watermill's and valkeystream's logs")
 	flag.Parse()
+	if *addr != "" {
+		// devserver.Start uses the server at VALKEYSTREAM_ADDR.
+		if err := os.Setenv("VALKEYSTREAM_ADDR", *addr); err != nil {
+			log.Fatal(err)
+		}
+	}
 
 	logger := log.New(os.Stdout, "service: ", log.Ltime|log.Lmicroseconds)
 	if err := run(logger, *httpAddr, *reminderDelay, *samples, *verbose); err != nil {
@@ -97,7 +106,6 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 			samples = 10
 		}
 	}
-	logger.Printf("using %s at %s", srv.About, srv.Addr)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer client.Close()
 
@@ -121,10 +129,15 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	if err != nil {
 		return err
 	}
+	// The dead-lettering is said on the console with or without -v.
+	var dlog watermill.LoggerAdapter = consoleLog{logger}
+	if verbose {
+		dlog = wlog
+	}
 	deadLetter, err := valkeystream.DeadLetter(valkeystream.DeadLetterConfig{
 		Publisher:     pub,
 		MaxDeliveries: maxDeliveries,
-	}, wlog)
+	}, dlog)
 	if err != nil {
 		return err
 	}
@@ -208,12 +221,13 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	mux.Handle("/readyz", health.ReadyHandler())
 	listener, err := net.Listen("tcp", httpAddr)
 	if err != nil {
-		return err
+		return fmt.Errorf("serving HTTP at %s (-http or SERVICE_HTTP_ADDR; port 0 picks a free one): %w", httpAddr, err)
 	}
 	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- httpServer.Serve(listener) }()
-	logger.Printf("serving /metrics, /livez and /readyz on http://%s", listener.Addr())
+	logger.Printf("server: %s at %s (the valkeystream command: VALKEYSTREAM_ADDR=%s); HTTP: http://%s (/metrics, /livez, /readyz)",
+		srv.About, srv.Addr, srv.Addr, listener.Addr())
 
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
@@ -315,4 +329,49 @@ func publishSamples(ctx context.Context, bus *cqrs.EventBus, n int) error {
 		}
 	}
 	return nil
+}
+
+// envOr returns the environment variable name, or def when it is unset or
+// empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// consoleLog is the DeadLetter middleware's logger without -v: its Info and
+// Error lines (a message dead-lettered, or a dead letter that could not be
+// written) on the service's console, its Debug and Trace lines dropped.
+type consoleLog struct{ logger *log.Logger }
+
+func (l consoleLog) Error(msg string, err error, fields watermill.LogFields) {
+	l.logger.Printf("%s: %v %v", msg, err, map[string]any(fields))
+}
+
+func (l consoleLog) Info(msg string, fields watermill.LogFields) {
+	l.logger.Printf("%s %v", msg, map[string]any(fields))
+}
+
+func (consoleLog) Debug(string, watermill.LogFields) {}
+func (consoleLog) Trace(string, watermill.LogFields) {}
+
+func (l consoleLog) With(fields watermill.LogFields) watermill.LoggerAdapter { return withFields{l, fields} }
+
+// withFields is a consoleLog with fields added to every line.
+type withFields struct {
+	consoleLog
+	fields watermill.LogFields
+}
+
+func (l withFields) Error(msg string, err error, fields watermill.LogFields) {
+	l.consoleLog.Error(msg, err, l.fields.Add(fields))
+}
+
+func (l withFields) Info(msg string, fields watermill.LogFields) {
+	l.consoleLog.Info(msg, l.fields.Add(fields))
+}
+
+func (l withFields) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return withFields{l.consoleLog, l.fields.Add(fields)}
 }

@@ -77,7 +77,7 @@ func TestService(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	svc := startService(ctx, t, serviceBin, srv.Addr)
+	svc := startService(ctx, t, serviceBin, srv.Addr, byFlags)
 
 	// The orders: every 20th for the poison customer, every 25th for the
 	// busy one, two with an invalid amount.
@@ -120,7 +120,7 @@ func TestService(t *testing.T) {
 		return n >= orders/3, fmt.Sprintf("%d shipped", n)
 	})
 	svc.kill(t)
-	svc = startService(ctx, t, serviceBin, srv.Addr)
+	svc = startService(ctx, t, serviceBin, srv.Addr, byEnvironment)
 	if err := <-published; err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +166,18 @@ func TestService(t *testing.T) {
 		return charged == want && dead == int64(len(invalid)) && pending == 0,
 			fmt.Sprintf("charged %d of %d, dead letters %d of %d, pending %d", charged, want, dead, len(invalid), pending)
 	})
+	// The console (without -v) says each dead-lettering: here, of the
+	// invalid orders given up again after the replay.
+	for _, id := range invalid {
+		waitFor(ctx, t, "the console to say order "+id+" was dead-lettered", func() (bool, string) {
+			for _, line := range strings.Split(svc.output.String(), "\n") {
+				if strings.Contains(line, "published to the dead-letter topic") && strings.Contains(line, "order-"+id) {
+					return true, line
+				}
+			}
+			return false, "no such line"
+		})
+	}
 
 	for i, o := range placed {
 		charge, err := client.Get(ctx, chargeKey(o.OrderID)).Result()
@@ -243,15 +255,28 @@ type service struct {
 	start  time.Duration // how long it took to become ready
 }
 
+// How startService gives the service its server and HTTP addresses.
+const (
+	byFlags       = false // -addr and -http
+	byEnvironment = true  // VALKEYSTREAM_ADDR and SERVICE_HTTP_ADDR
+)
+
 // startService starts the service binary against the server at addr and
-// waits until /readyz answers 200.
-func startService(ctx context.Context, t *testing.T, bin, addr string) *service {
+// waits until /readyz answers 200 and its first line has named both
+// addresses.
+func startService(ctx context.Context, t *testing.T, bin, addr string, byEnv bool) *service {
 	t.Helper()
-	port := freePort(t)
-	s := &service{url: "http://127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{}), output: &syncBuffer{}}
-	s.cmd = exec.Command(bin, "-http", "127.0.0.1:"+strconv.Itoa(port),
-		"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0")
-	s.cmd.Env = append(os.Environ(), "VALKEYSTREAM_ADDR="+addr)
+	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := &service{url: "http://" + httpAddr, exited: make(chan struct{}), output: &syncBuffer{}}
+	args := []string{"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0"}
+	env := append(os.Environ(), "VALKEYSTREAM_ADDR=", "SERVICE_HTTP_ADDR=")
+	if byEnv {
+		env = append(env, "VALKEYSTREAM_ADDR="+addr, "SERVICE_HTTP_ADDR="+httpAddr)
+	} else {
+		args = append(args, "-addr", addr, "-http", httpAddr)
+	}
+	s.cmd = exec.Command(bin, args...)
+	s.cmd.Env = env
 	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
 	began := time.Now()
 	if err := s.cmd.Start(); err != nil {
@@ -279,6 +304,9 @@ func startService(ctx context.Context, t *testing.T, bin, addr string) *service 
 		return code == http.StatusOK, fmt.Sprintf("/readyz: %d %s", code, body)
 	})
 	s.start = time.Since(began)
+	if line := "at " + addr + " (the valkeystream command: VALKEYSTREAM_ADDR=" + addr + "); HTTP: " + s.url; !strings.Contains(s.output.String(), line) {
+		t.Fatalf("the service's output does not name its server and HTTP addresses (%q):\n%s", line, s.output.String())
+	}
 	t.Logf("service started (pid %d), ready after %s", s.cmd.Process.Pid, s.start.Round(time.Millisecond))
 	return s
 }

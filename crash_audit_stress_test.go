@@ -13,6 +13,7 @@ import (
 // messages, more workers and more kills (go test -tags stress -run
 // TestCrashAuditStress -timeout 30m .).
 func TestCrashAuditStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	runCrashAudit(t, crashAuditParams{
 		Messages:   200000,
 		Workers:    5,
@@ -27,6 +28,7 @@ func TestCrashAuditStress(t *testing.T) {
 // one long stream: twelve server kills with outages up to 3 s, client kills
 // and pauses, while 60 000 messages are published.
 func TestServerCrashStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	srv := testserver.Start(t)
 	if !srv.Restartable() {
 		t.Skip("the server at VALKEYSTREAM_TEST_ADDR cannot be killed by the test: this audit needs a private server")

@@ -5,6 +5,8 @@ package valkeystream_test
 import (
 	"testing"
 	"time"
+
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // TestCrashAuditPartitionedStress is the full-size partitioned crash audit:
@@ -13,6 +15,7 @@ import (
 // second while the rounds go out (go test -tags stress -run
 // TestCrashAuditPartitionedStress -timeout 30m .).
 func TestCrashAuditPartitionedStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	p := crashPartitionedCI
 	p.Keys = 500
 	p.PerKey = 30
@@ -27,6 +30,7 @@ func TestCrashAuditPartitionedStress(t *testing.T) {
 // are published over 60 s (go test -tags stress -run
 // TestCrashAuditPartitionedFreezesStress -timeout 30m .).
 func TestCrashAuditPartitionedFreezesStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	if !crashCanFreeze {
 		t.Skip("no SIGSTOP on this system")
 	}

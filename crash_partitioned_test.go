@@ -20,6 +20,7 @@ import (
 	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/audit"
 	"github.com/echomq/valkeystream/internal/partition"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // The partitioned crash audit: the per-key order of a partitioned topic
@@ -134,6 +135,7 @@ var crashPartitionedFreezesCI = crashPartitionedParams{
 // no handling by a thawed worker of a partition it lost. The full size is
 // TestCrashAuditPartitionedFreezesStress (go test -tags stress).
 func TestCrashAuditPartitionedFreezes(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	if !crashCanFreeze {
 		t.Skip("no SIGSTOP on this system")
 	}
@@ -147,6 +149,7 @@ func TestCrashAuditPartitionedFreezes(t *testing.T) {
 // one partition at once. The full size is TestCrashAuditPartitionedStress
 // (go test -tags stress).
 func TestCrashAuditPartitioned(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	runCrashPartitioned(t, crashPartitionedCI)
 }
 

@@ -5,6 +5,8 @@ package valkeystream_test
 import (
 	"testing"
 	"time"
+
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // TestCrashAuditTransformStress is the full-size transform audit: at least
@@ -15,6 +17,7 @@ import (
 // must show inputs with more than one output (go test -tags stress -run
 // TestCrashAuditTransformStress -timeout 30m .).
 func TestCrashAuditTransformStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	params := func(exactlyOnce bool) crashAuditParams {
 		p := crashTransformParams(exactlyOnce)
 		p.Messages = 30000

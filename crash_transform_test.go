@@ -14,6 +14,7 @@ import (
 
 	"github.com/echomq/valkeystream"
 	"github.com/echomq/valkeystream/internal/audit"
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // The transform crash audits: the workers (internal/crashworker
@@ -123,6 +124,7 @@ func crashTransformParams(exactlyOnce bool) crashAuditParams {
 // ExactlyOnce: no input is lost, none is left without an output, and none
 // has more than one.
 func TestCrashAuditTransformExactlyOnce(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	runCrashTransform(t, crashTransformParams(true))
 }
 
@@ -131,6 +133,7 @@ func TestCrashAuditTransformExactlyOnce(t *testing.T) {
 // No input is lost or left without an output; the inputs with more than one
 // output are counted and logged, not asserted.
 func TestCrashAuditTransformAtLeastOnce(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	runCrashTransform(t, crashTransformParams(false))
 }
 

@@ -27,6 +27,7 @@ func TestChaosSoakCluster(t *testing.T) {
 	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
 		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
 	}
+	testserver.Parallel(t) // beside the other tests: their load is one more fault
 	p := soakCI
 	p.For = soakDuration(t, p.For)
 	runSoak(t, p, newSoakCluster)

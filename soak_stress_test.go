@@ -5,6 +5,8 @@ package valkeystream_test
 import (
 	"testing"
 	"time"
+
+	"github.com/echomq/valkeystream/internal/testserver"
 )
 
 // soakStressFor is how long the faults go on in the stress variants; the
@@ -16,12 +18,14 @@ const soakStressFor = 20 * time.Minute
 // -run TestChaosSoakStress -timeout 40m .). It skips when the test binary's
 // -timeout would end it first.
 func TestChaosSoakStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	p := soakStressParams(t)
 	runSoak(t, p, newSoakSingleServer)
 }
 
 // TestChaosSoakClusterStress is TestChaosSoakStress on a cluster.
 func TestChaosSoakClusterStress(t *testing.T) {
+	testserver.Parallel(t) // beside the other tests: the invariants hold however much CPU the workers get
 	p := soakStressParams(t)
 	runSoak(t, p, newSoakCluster)
 }

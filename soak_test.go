@@ -142,13 +142,14 @@ const (
 // TestChaosSoak runs the chaos soak for about 2 minutes (110 s of faults,
 // VALKEYSTREAM_SOAK_FOR to change it) on a private server. It runs only
 // with VALKEYSTREAM_SOAK=1: it is meant for one server of the CI's passes.
-// Like the crash audits it runs serially, not beside the parallel tests:
-// its faults come at a steady pace while the workers' progress depends on
-// the CPU they get.
+// It runs beside the other tests, as the crash audits do: their load on
+// the CPU slows its workers down, one more fault, and none of its checks
+// depends on how far the workers get.
 func TestChaosSoak(t *testing.T) {
 	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
 		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
 	}
+	testserver.Parallel(t) // beside the other tests: their load is one more fault
 	p := soakCI
 	p.For = soakDuration(t, p.For)
 	runSoak(t, p, newSoakSingleServer)

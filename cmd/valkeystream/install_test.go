@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 import (
@@ -6,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,9 +34,8 @@ func TestInstallFromAFreshClone(t *testing.T) {
 	lines := installLines(t, "../../docs/cli.md")
 	require.GreaterOrEqual(t, len(lines), 3, "docs/cli.md's Installing section: want go install, the installed command and go run")
 
-	dir := t.TempDir()
-	clone := freshClone(t, "../..", filepath.Join(dir, "clone"))
-	bin := filepath.Join(dir, "bin")
+	clone := freshClone(t, "../..")
+	bin := filepath.Join(t.TempDir(), "bin")
 	env := append(os.Environ(), "GOBIN="+bin, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"VALKEYSTREAM_ADDR=", "VALKEYSTREAM_URL=", "VALKEYSTREAM_KEY_PREFIX=", "GOFLAGS=")
 
@@ -86,12 +88,24 @@ func installLines(t *testing.T, path string) []string {
 	return lines
 }
 
-// freshClone clones the repository at root into dst and returns dst; a tree
-// that is not a git checkout is copied instead.
-func freshClone(t *testing.T, root, dst string) string {
+// freshClone clones the repository at root and returns the clone's
+// directory; a tree that is not a git checkout is copied instead. The clone
+// is made anew in one place for every run, held under a lock until the test
+// ends: the go command's build cache keys a package's compilation by its
+// directory, so in the same place a run builds only what changed since the
+// last one instead of the whole module.
+func freshClone(t *testing.T, root string) string {
 	t.Helper()
 	root, err := filepath.Abs(root)
 	require.NoError(t, err)
+	base := filepath.Join(os.TempDir(), "valkeystream-install-test")
+	require.NoError(t, os.MkdirAll(base, 0o755))
+	lock, err := os.OpenFile(filepath.Join(base, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX), "locking the install test's clone")
+	t.Cleanup(func() { _ = lock.Close() }) // releases the lock
+	dst := filepath.Join(base, "clone")
+	require.NoError(t, os.RemoveAll(dst))
 	var cmd *exec.Cmd
 	if exec.Command("git", "-C", root, "rev-parse", "--git-dir").Run() == nil {
 		cmd = exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, dst)

@@ -356,7 +356,9 @@ func (l consoleLog) Info(msg string, fields watermill.LogFields) {
 func (consoleLog) Debug(string, watermill.LogFields) {}
 func (consoleLog) Trace(string, watermill.LogFields) {}
 
-func (l consoleLog) With(fields watermill.LogFields) watermill.LoggerAdapter { return withFields{l, fields} }
+func (l consoleLog) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return withFields{l, fields}
+}
 
 // withFields is a consoleLog with fields added to every line.
 type withFields struct {

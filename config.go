@@ -240,7 +240,8 @@ type SubscriberConfig struct {
 	// consumer is only removed while it holds no pending entries and while
 	// no subscription holds a lease on its name. It must exceed
 	// ClaimMinIdle; NeverRemoveConsumers switches removal off. Only used
-	// with ConsumerGroup. Default: DefaultRemoveIdleConsumersFactor ×
+	// with ConsumerGroup, not by partitioned topics (checked like
+	// ClaimMinIdle). Default: DefaultRemoveIdleConsumersFactor ×
 	// ClaimMinIdle (2 minutes with the default ClaimMinIdle).
 	RemoveIdleConsumersAfter time.Duration
 
@@ -333,8 +334,10 @@ type SubscriberConfig struct {
 	// every ClaimMinIdle/3, so only entries of a consumer that died or
 	// stalled for this long are reclaimed. It must exceed BlockTime and
 	// AckFlushInterval. The server counts it in whole milliseconds, so it is
-	// rounded down to one. Only used with ConsumerGroup. Default:
-	// DefaultClaimMinIdle.
+	// rounded down to one. Only used with ConsumerGroup, and not by
+	// partitioned topics, which never claim: with Partitions set, its rules
+	// are checked at the Subscribe of a plain topic rather than by
+	// NewSubscriber. Default: DefaultClaimMinIdle.
 	ClaimMinIdle time.Duration
 
 	// NackResendDelay is how long a Nacked message waits before it is
@@ -533,18 +536,33 @@ func (c SubscriberConfig) Validate() error {
 	case c.DelayedIdlePollInterval != AlwaysPollDelayed && c.DelayedPollInterval > 0 && c.DelayedIdlePollInterval < c.DelayedPollInterval:
 		return fmt.Errorf("%w: DelayedIdlePollInterval is %s: it must be at least DelayedPollInterval (%s), or AlwaysPollDelayed (-1) to look every DelayedPollInterval always",
 			ErrInvalidConfig, c.DelayedIdlePollInterval, c.DelayedPollInterval)
-	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
-		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
-			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)
 	case c.ConsumerLeaseTTL < minConsumerLeaseTTL:
 		return fmt.Errorf("%w: ConsumerLeaseTTL is %s: it must be at least %s (the lease is renewed every fifth of it)",
 			ErrInvalidConfig, c.ConsumerLeaseTTL, minConsumerLeaseTTL)
-	case c.RemoveIdleConsumersAfter != NeverRemoveConsumers && c.RemoveIdleConsumersAfter <= c.ClaimMinIdle:
-		return fmt.Errorf("%w: RemoveIdleConsumersAfter (%s) must exceed ClaimMinIdle (%s), or be NeverRemoveConsumers to keep every consumer",
-			ErrInvalidConfig, c.RemoveIdleConsumersAfter, c.ClaimMinIdle)
 	}
 	if _, err := newPartitionedTopics(c.Partitions, c.KeyPrefix, "Partitions"); err != nil {
 		return err
+	}
+	if len(c.Partitions) == 0 {
+		return c.validateClaims()
+	}
+	return nil
+}
+
+// validateClaims checks the fields only subscriptions of plain topics use
+// (ClaimMinIdle, RemoveIdleConsumersAfter): partitioned topics never claim
+// (a partition's entries are handed over to its next owner) nor remove
+// consumers. Validate checks them when the config declares no Partitions;
+// with Partitions they are checked at the Subscribe of a plain topic, so
+// that a Subscriber of partitioned topics alone is not refused for them.
+func (c SubscriberConfig) validateClaims() error {
+	switch {
+	case c.ClaimMinIdle <= c.BlockTime || c.ClaimMinIdle <= c.AckFlushInterval:
+		return fmt.Errorf("%w: ClaimMinIdle (%s) must exceed BlockTime (%s) and AckFlushInterval (%s), or live entries would look abandoned",
+			ErrInvalidConfig, c.ClaimMinIdle, c.BlockTime, c.AckFlushInterval)
+	case c.RemoveIdleConsumersAfter != NeverRemoveConsumers && c.RemoveIdleConsumersAfter <= c.ClaimMinIdle:
+		return fmt.Errorf("%w: RemoveIdleConsumersAfter (%s) must exceed ClaimMinIdle (%s), or be NeverRemoveConsumers to keep every consumer",
+			ErrInvalidConfig, c.RemoveIdleConsumersAfter, c.ClaimMinIdle)
 	}
 	return nil
 }

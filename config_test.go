@@ -1,6 +1,7 @@
 package valkeystream_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -66,6 +67,10 @@ func TestSubscriberConfigValidate(t *testing.T) {
 			want: []string{"RemoveIdleConsumersAfter"}},
 		{name: "consumers never removed", edit: func(c *valkeystream.SubscriberConfig) { c.RemoveIdleConsumersAfter = valkeystream.NeverRemoveConsumers }},
 		{name: "default removal follows ClaimMinIdle", edit: func(c *valkeystream.SubscriberConfig) { c.ClaimMinIdle = 10 * time.Minute }},
+		{name: "with Partitions the claim fields wait for a plain topic", edit: func(c *valkeystream.SubscriberConfig) {
+			c.Partitions = map[string]int{"orders": 4}
+			c.BlockTime, c.ClaimMinIdle, c.RemoveIdleConsumersAfter = 2*time.Second, time.Second, 500*time.Millisecond
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,6 +91,24 @@ func TestSubscriberConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The claim fields of a Subscriber that declares Partitions are checked
+// when it subscribes to a plain topic, whose subscription claims, before
+// anything is sent (the client here is never dialled).
+func TestClaimFieldsAreCheckedAtTheSubscribeOfAPlainTopic(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = client.Close() })
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+		Client: client, ConsumerGroup: "g", Consumer: "c", Start: valkeystream.StartNew,
+		Partitions: map[string]int{"orders": 4}, BlockTime: 2 * time.Second, ClaimMinIdle: time.Second,
+	}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	_, err = sub.Subscribe(context.Background(), "payments")
+	require.ErrorIs(t, err, valkeystream.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "ClaimMinIdle (1s) must exceed BlockTime (2s)")
+	assert.Contains(t, err.Error(), `topic "payments" is not one of Partitions`)
 }
 
 func TestPublisherConfigValidate(t *testing.T) {

@@ -112,6 +112,25 @@ func TestAnUndeclaredSideOfAPartitionedTopicIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, valkeystream.ErrPartitionCount, "fan-out")
 }
 
+// A Subscriber of partitioned topics is not refused for claim settings that
+// would not do on a plain topic (ClaimMinIdle below BlockTime, an early
+// removal of idle consumers): partitions never claim, so they do not apply.
+func TestAPartitionedSubscriptionIgnoresTheClaimFields(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	parts := map[string]int{e.topic: 2}
+	pub := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = parts })
+	sub := e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) {
+		c.Partitions = parts
+		c.BlockTime, c.ClaimMinIdle, c.RemoveIdleConsumersAfter = time.Second, time.Millisecond, 2*time.Millisecond
+	})
+	var h handled
+	e.runRouter(sub, func(msg *message.Message) error { h.add(msg); return nil })
+	publishKeyed(t, pub, e.topic, 4, 0, 5)
+	waitUntil(t, "every message handled", func() bool { return h.count() == 20 })
+	h.checkOrder(t, 5)
+}
+
 func TestPartitionCountMismatchIsRefused(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)

@@ -214,6 +214,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
+		if err := s.config.validateClaims(); err != nil { // checked by NewSubscriber unless Partitions is set
+			abort()
+			return nil, fmt.Errorf("%w (topic %q is not one of Partitions, so its subscription claims)", err, topic)
+		}
 		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
 		if err != nil {
 			abort()

@@ -132,16 +132,24 @@ type Owned struct {
 }
 
 // LoopConfig returns template for the partition: its stream, the group
-// and consumer name of the ownership, and no claim beat (a partition's
-// entries are handed over, never claimed).
+// and consumer name of the ownership, no claim beat (a partition's entries
+// are handed over, never claimed), and LoopClaimMinIdle in place of the
+// template's, which is for topics that claim.
 func (p Owned) LoopConfig(template loop.Config) loop.Config {
 	keys := p.Ownership.Partition().Keys()
 	template.Stream = keys.Stream
 	template.Group = p.Ownership.Partition().Group()
 	template.Consumer = p.Ownership.Token().Member
 	template.ClaimInterval = -1
+	template.ClaimMinIdle = LoopClaimMinIdle
 	return template
 }
+
+// LoopClaimMinIdle is the ClaimMinIdle of a partition's loop. Nothing
+// claims a partition's entries by idle time, so it only paces the loop's
+// hold beat (a third of it) on the entries it holds, which keeps their idle
+// times, as tools show them, those of a live consumer.
+const LoopClaimMinIdle = 30 * time.Second
 
 // DriverStats are a Driver's counters.
 type DriverStats struct {

@@ -234,7 +234,7 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 		}
 		switch {
 		case err == nil && out.committed:
-			st.d.Settle()
+			st.d.SettleAcknowledged()
 			x.stats.committed.Add(1)
 			x.stats.outputs.Add(int64(st.w.outputs))
 			st.committed()
@@ -248,7 +248,7 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 					"stream": st.d.Stream, "consumer_group": st.d.Group, "consumer": st.d.Consumer, "now": out.why})
 			return nil
 		case errors.Is(err, ErrNotReplicated):
-			st.d.Settle()
+			st.d.SettleAcknowledged()
 			x.stats.committed.Add(1)
 			x.stats.outputs.Add(int64(st.w.outputs))
 			x.stats.notReplicated.Add(1)

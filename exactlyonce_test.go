@@ -85,6 +85,9 @@ func TestExactlyOnceWritesReturnedMessagesWithTheAck(t *testing.T) {
 	assert.Len(t, got, 20)
 	assert.Zero(t, e.pendingCount(e.topic, "g"))
 	waitUntil(t, "the router's last Ack settled", func() bool { return sub.Stats().InFlight == 0 })
+	// The steps' acknowledgments count in the Subscriber's Acked (and its
+	// subscriber_acked_total), as its own XACKs would.
+	waitUntil(t, "every input counted as acknowledged", func() bool { return sub.Stats().Acked == 20 })
 	// The time is the scenario: an XACK of the router's Acks, had the loop
 	// queued one, would be flushed within these five AckFlushIntervals.
 	time.Sleep(50 * time.Millisecond)
@@ -153,6 +156,7 @@ func TestExactlyOnceWritesNothingForADeliveryThatIsNoLongerItsOwn(t *testing.T) 
 	require.Len(t, p, 1, "the router's Ack took the entry from the peer")
 	assert.Equal(t, "peer", p[0].Consumer)
 	assert.Zero(t, x.Stats().Committed)
+	assert.Zero(t, sub.Stats().Acked, "a superseded step acknowledged nothing")
 }
 
 func TestExactlyOnceStepIsSafeToSendTwice(t *testing.T) {

@@ -24,9 +24,12 @@ type Stats struct {
 	// each redelivery after a Nack included.
 	Delivered int64
 	// Acked counts entries the server acknowledged (the sum of XACK
-	// replies): handled messages, and entries acknowledged without delivery
-	// (missing bodies, dead-lettered undecodable entries). An entry that
-	// another consumer acknowledged first is not counted.
+	// replies): handled messages, those acknowledged by the step of
+	// ExactlyOnce with their outputs (counted when the message is Acked),
+	// and entries acknowledged without delivery (missing bodies,
+	// dead-lettered undecodable entries). An entry that another consumer
+	// acknowledged first is not counted, nor one whose step found it
+	// superseded.
 	Acked int64
 	// Nacks are the counters of Nacks, and of what handlers decided with
 	// them (RetryAfter, GiveUp).

@@ -240,7 +240,7 @@ var subscriberCounters = []struct {
 	get  func(valkeystream.Stats) int64
 }{
 	{desc("subscriber_delivered_total", "Messages sent on subscription channels, redeliveries included.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Delivered }},
-	{desc("subscriber_acked_total", "Entries acknowledged to the server (XACK).", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Acked }},
+	{desc("subscriber_acked_total", "Entries acknowledged to the server: by XACK, or by the step of ExactlyOnce with their outputs.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Acked }},
 	{desc("subscriber_nacked_total", "Messages Nacked by handlers.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.Nacked }},
 	{desc("subscriber_nack_waits_total", "Nacks after which the message waited (the Nack backoff) before it was delivered again.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Nacks.Waits }},
 	{desc("subscriber_drained_total", "Own pending entries delivered again after a start or a fault.", labelSubscriber), func(s valkeystream.Stats) int64 { return s.Drained }},

@@ -43,7 +43,7 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 		switch result {
 		case acked:
 			if delivery.Settled() {
-				l.deps.Counters.Settled.Add(1)
+				l.settled(delivery)
 				return true
 			}
 			l.acks.add(e.id)
@@ -53,7 +53,7 @@ func (l *Group) handle(ctx, msgBase context.Context, e entry) bool {
 			return true
 		case ackedThenStopped:
 			if delivery.Settled() {
-				l.deps.Counters.Settled.Add(1)
+				l.settled(delivery)
 				return false
 			}
 			l.acks.add(e.id)
@@ -315,5 +315,14 @@ func (l *Group) pause(ctx context.Context, d time.Duration) bool {
 		if handled, _ := l.background(ctx, ev); !handled {
 			return false
 		}
+	}
+}
+
+// settled counts the Ack of a settled delivery, which sends no XACK: in
+// Acked too when its handling acknowledged the entry itself.
+func (l *Group) settled(d *Delivery) {
+	l.deps.Counters.Settled.Add(1)
+	if d.acknowledged.Load() {
+		l.deps.Counters.Acked.Add(1)
 	}
 }

@@ -14,8 +14,9 @@ type Delivery struct {
 	ID                      string
 	// Count is the entry's delivery count on the server, this delivery
 	// included.
-	Count   int64
-	settled atomic.Bool
+	Count        int64
+	settled      atomic.Bool
+	acknowledged atomic.Bool
 }
 
 // Settle tells the loop that no XACK must follow the message's Ack: the
@@ -23,8 +24,17 @@ type Delivery struct {
 // another consumer now and an XACK from this one would take it from there.
 func (d *Delivery) Settle() { d.settled.Store(true) }
 
-// Settled reports whether Settle was called.
+// Settled reports whether Settle (or SettleAcknowledged) was called.
 func (d *Delivery) Settled() bool { return d.settled.Load() }
+
+// SettleAcknowledged is Settle for an entry this delivery's handling
+// acknowledged itself, on the server (the step of ExactlyOnce): the loop
+// counts it in Counters.Acked when the message's Ack comes, as it counts
+// an XACK of its own.
+func (d *Delivery) SettleAcknowledged() {
+	d.acknowledged.Store(true)
+	d.settled.Store(true)
+}
 
 // deliveryKey is the context key of a delivery.
 type deliveryKey struct{}

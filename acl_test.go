@@ -783,8 +783,12 @@ func TestACLPartitioned(t *testing.T) {
 		cfg.PartitionOwnerTTL = 900 * time.Millisecond
 		var subs []*valkeystream.Subscriber
 		var chans []<-chan *message.Message
-		for range 2 {
-			sub, err := valkeystream.NewSubscriber(cfg, testLogger())
+		for i := range 2 {
+			c := cfg
+			if i == 1 {
+				c.Partitions = nil // finds the count on the server
+			}
+			sub, err := valkeystream.NewSubscriber(c, testLogger())
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = sub.Close() })
 			msgs, err := sub.Subscribe(ctx, topic)

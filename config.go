@@ -257,8 +257,12 @@ type SubscriberConfig struct {
 	KeyPrefix string
 
 	// Partitions declares partitioned topics: topic -> partition count
-	// (1..MaxPartitions), as PublisherConfig.Partitions does; give both the
-	// same map. Within the consumer group each partition is handled by one
+	// (1..MaxPartitions), as PublisherConfig.Partitions does, checked
+	// against the count on the server. A topic not in it is partitioned
+	// all the same when the server holds its count (declared by the
+	// valkeystream command or by another side's config): the Subscriber
+	// finds it in the round trip that starts a plain topic's subscription.
+	// Within the consumer group each partition is handled by one
 	// live subscription at a time, in stream order with one message in
 	// flight, so a subscription's messages of one partition key come one
 	// after the other, in order; a subscription handles the partitions it
@@ -273,7 +277,7 @@ type SubscriberConfig struct {
 	// over. It is renewed, and the partitions rebalanced, every twentieth
 	// of it; a subscription that Closes releases its partitions (after its
 	// in-flight messages), and the others take them at their next beat.
-	// At least 100ms. Only used with Partitions. Default:
+	// At least 100ms. Only used by partitioned topics. Default:
 	// DefaultPartitionOwnerTTL.
 	PartitionOwnerTTL time.Duration
 
@@ -665,11 +669,15 @@ type PublisherConfig struct {
 	// (1..MaxPartitions). A message to such a topic goes to the partition
 	// of its key (PartitionKey), each partition being a stream of its own
 	// in a cluster hash slot of its own (see docs/partitions.md for the
-	// layout). Give Subscribers the same declaration: the first Publisher
-	// or Subscriber of a topic stores its count on the server, and one
-	// that declares another count fails (ErrPartitionCount). A partitioned
-	// topic's stream key (KeyPrefix plus topic) must not contain '{' or
-	// '}'. Default: none, every topic is one stream.
+	// layout). The first Publisher or Subscriber that declares a topic
+	// stores its count on the server, and one that declares another count
+	// fails (ErrPartitionCount). A topic not in the map whose count the
+	// server holds (declared by the valkeystream command or by another
+	// side) is found at the first Publish of the topic, in the call a
+	// plain topic's first Publish makes anyway, and published partitioned.
+	// A partitioned topic's stream key (KeyPrefix plus topic) must not
+	// contain '{' or '}'. Default: none: every topic is one stream unless
+	// the server holds its partition count.
 	Partitions map[string]int
 
 	// PartitionKey returns the partition key of a message to a

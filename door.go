@@ -53,7 +53,13 @@ func (s *Subscriber) doorError(ctx context.Context, key string, err error) error
 // holds that name, takeName goes on from there (see internal/lease). At a
 // distance from the server the round trips of Subscribe are its time, and a
 // router subscribes one handler after another.
-func (s *Subscriber) openSubscription(ctx context.Context, key string, logger watermill.LoggerAdapter) (*nameLease, error) {
+//
+// The same pipeline reads whether the server holds a partition count for
+// topic (see partitioned.go): then nothing is leased, and the layout of
+// that count is returned instead, for a partitioned subscription. The group
+// door has run on key meanwhile, leaving there an empty stream with the
+// group, which nothing reads.
+func (s *Subscriber) openSubscription(ctx context.Context, topic, key string, logger watermill.LoggerAdapter) (*nameLease, *partition.Layout, error) {
 	group, consumer := s.config.ConsumerGroup, s.config.Consumer
 	pipe := s.config.Client.Pipeline()
 	door := pipe.XGroupCreateMkStream(ctx, key, group, s.config.Start.id())
@@ -66,10 +72,14 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 		_ = pipe.Process(ctx, docs)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	err := s.doorError(ctx, key, door.Err())
-	if n, derr := declared.Result(); err == nil && derr == nil {
-		err = notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
+	if n, derr := declared.Result(); derr == nil {
+		// Partitioned: what the pipeline did on key does not matter (a
+		// user of a partitioned topic's ACL may be refused it).
+		first.Abandon()
+		l, err := s.partitions.discover(topic, key, n)
+		return nil, l, err
 	}
+	err := s.doorError(ctx, key, door.Err())
 	if err == nil {
 		err = scriptsError(key, group, errors.Join(scripts[0].Err(), scripts[1].Err()))
 	}
@@ -78,11 +88,12 @@ func (s *Subscriber) openSubscription(ctx context.Context, key string, logger wa
 	}
 	if err != nil {
 		first.Abandon() // deletes the lease if the pipeline took it
-		return nil, err
+		return nil, nil, err
 	}
 	// The pipeline's try is the lease's first: taken, or where the
 	// search for a free name begins.
-	return s.takeName(ctx, key, first, logger)
+	held, err := s.takeName(ctx, key, first, logger)
+	return held, nil, err
 }
 
 // doorError is nil for the door's success (BUSYGROUP included), else the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -46,11 +47,13 @@ func PartitionStreams(stream string, n int) ([]string, error) {
 }
 
 // partitionedTopics are the layouts of a Publisher's or Subscriber's
-// partitioned topics, and whether their count was declared on the server.
+// partitioned topics, those of its config and those found on the server,
+// and whether their count was declared on the server.
 type partitionedTopics struct {
-	layouts  map[string]*partition.Layout // by topic
-	declared sync.Map                     // topic -> true once the server has its count
-	plain    sync.Map                     // topic -> true once the server said it is not partitioned
+	layouts    map[string]*partition.Layout // by topic, from the config
+	discovered sync.Map                     // topic -> *partition.Layout, of a count found on the server
+	declared   sync.Map                     // topic -> true once the server has its count
+	plain      sync.Map                     // topic -> true once the server said it is not partitioned
 }
 
 // newPartitionedTopics returns the layouts of counts (topic -> partitions)
@@ -71,12 +74,38 @@ func newPartitionedTopics(counts map[string]int, prefix, field string) (*partiti
 	return t, nil
 }
 
-// layout returns topic's layout, or nil when it is not partitioned.
+// layout returns topic's layout, of the config or found on the server, or
+// nil when it is not known to be partitioned.
 func (t *partitionedTopics) layout(topic string) *partition.Layout {
 	if t == nil {
 		return nil
 	}
-	return t.layouts[topic]
+	if l := t.layouts[topic]; l != nil {
+		return l
+	}
+	if l, ok := t.discovered.Load(topic); ok {
+		return l.(*partition.Layout)
+	}
+	return nil
+}
+
+// discover records that the server holds the partition count n for topic,
+// whose stream key is key, which the config does not declare: from now on
+// the topic is partitioned with that count, and its layout is returned.
+func (t *partitionedTopics) discover(topic, key, n string) (*partition.Layout, error) {
+	count, err := strconv.Atoi(n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: topic %q: the server holds %q as its partition count (key %q), not a number: delete that key and declare the count again (valkeystream partitions declare)",
+			ErrPartitionCount, topic, n, partition.DeclarationKey(key))
+	}
+	l, err := partition.NewLayout(key, count)
+	if err != nil {
+		return nil, fmt.Errorf("%w: topic %q: the partition count %d on the server (key %q): %w",
+			ErrPartitionCount, topic, count, partition.DeclarationKey(key), err)
+	}
+	actual, _ := t.discovered.LoadOrStore(topic, l)
+	t.declared.Store(topic, true)
+	return actual.(*partition.Layout), nil
 }
 
 // declare makes sure the server holds topic's partition count, the same as
@@ -86,7 +115,7 @@ func (t *partitionedTopics) declare(ctx context.Context, client redis.Scripter, 
 	if _, ok := t.declared.Load(topic); ok {
 		return nil
 	}
-	if err := declarePartitions(ctx, client, topic, t.layouts[topic]); err != nil {
+	if err := declarePartitions(ctx, client, topic, t.layout(topic)); err != nil {
 		return err
 	}
 	t.declared.Store(topic, true)
@@ -99,23 +128,26 @@ func (t *partitionedTopics) knownPlain(topic string) bool {
 	return ok
 }
 
-// checkPlain returns an error wrapping ErrPartitionCount when the server
-// holds a partition count for the stream key of topic, which this side
-// does not declare partitioned: its messages would go to (or be read from)
-// a stream no partitioned side reads. Asked once per topic.
-func (t *partitionedTopics) checkPlain(ctx context.Context, client redis.UniversalClient, topic, key string) error {
+// resolve asks the server, once per topic, whether topic, whose stream key
+// is key and which the config does not declare partitioned, is: it returns
+// the layout of the count the server holds (see discover), or nil for a
+// plain topic.
+func (t *partitionedTopics) resolve(ctx context.Context, client redis.UniversalClient, topic, key string) (*partition.Layout, error) {
 	if t.knownPlain(topic) {
-		return nil
+		return nil, nil
+	}
+	if l := t.layout(topic); l != nil {
+		return l, nil
 	}
 	n, declared, err := declaredCount(ctx, client, key)
 	switch {
 	case err != nil:
-		return fmt.Errorf("valkeystream: checking whether topic %q is partitioned (%q): %w", topic, partition.DeclarationKey(key), err)
+		return nil, fmt.Errorf("valkeystream: checking whether topic %q is partitioned (%q): %w", topic, partition.DeclarationKey(key), err)
 	case declared:
-		return notDeclaredError(topic, key, n)
+		return t.discover(topic, key, n)
 	}
 	t.plain.Store(topic, true)
-	return nil
+	return nil, nil
 }
 
 // declaredCount returns the partition count the server holds for the
@@ -136,10 +168,11 @@ func declaredCount(ctx context.Context, client redis.UniversalClient, key string
 // call (an ACL).
 func noPermission(err error) bool { return redis.HasErrorPrefix(err, "NOPERM") }
 
-// notDeclaredError is the error of a side that uses topic, whose stream key
-// is key, as a plain topic although the server holds its partition count n.
-func notDeclaredError(topic, key, n string) error {
-	return fmt.Errorf("%w: topic %q is declared with %s partitions on the server (key %q), and this side does not declare it partitioned: add it to Partitions with that count",
+// fanOutPartitionedError is the error of a fan-out subscription (no
+// ConsumerGroup) of topic, whose stream key is key, which the server holds
+// partitioned with n partitions.
+func fanOutPartitionedError(topic, key, n string) error {
+	return fmt.Errorf("%w: topic %q is declared with %s partitions on the server (key %q): a partitioned topic is read by consumer groups only; set ConsumerGroup",
 		ErrPartitionCount, topic, n, partition.DeclarationKey(key))
 }
 
@@ -210,7 +243,10 @@ func (p *Publisher) streamKeyOf(ctx context.Context, topic string, msg *message.
 	l := p.partitions.layout(topic)
 	if l == nil {
 		key := p.config.KeyPrefix + topic
-		return key, p.partitions.checkPlain(ctx, p.config.Client, topic, key)
+		var err error
+		if l, err = p.partitions.resolve(ctx, p.config.Client, topic, key); l == nil || err != nil {
+			return key, err
+		}
 	}
 	if err := p.partitions.declare(ctx, p.config.Client, topic); err != nil {
 		return "", err

@@ -98,18 +98,60 @@ func TestPublishSpreadsUnkeyedMessagesByUUID(t *testing.T) {
 
 // A side that does not declare a partitioned topic partitioned is refused:
 // it would write to, or read, a stream no partitioned side touches.
-func TestAnUndeclaredSideOfAPartitionedTopicIsRefused(t *testing.T) {
+// A side that does not declare a topic partitioned finds its count on the
+// server at its first use of the topic, and uses the partitions: the
+// Publisher routes by key, the Subscriber owns partitions and delivers each
+// key in order. A fan-out subscription is refused (partitions are read by
+// groups only).
+func TestAnUndeclaredSideDiscoversAPartitionedTopic(t *testing.T) {
 	testserver.Parallel(t)
 	e := newEnv(t)
-	declared := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = map[string]int{e.topic: 4} })
-	require.NoError(t, declared.Publish(e.topic, keyed("a", 1)))
-	err := e.publisher().Publish(e.topic, keyed("a", 2))
-	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
-	assert.ErrorContains(t, err, "4 partitions")
-	_, err = e.subscriber("g", "c").Subscribe(context.Background(), e.topic)
-	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	const n = 4
+	declared := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = map[string]int{e.topic: n} })
+	publishKeyed(t, declared, e.topic, 10, 0, 1)
+
+	var h handled
+	e.runRouter(e.subscriber("g", "c"), func(msg *message.Message) error { h.add(msg); return nil })
+	undeclared := e.publisher()
+	publishKeyed(t, undeclared, e.topic, 10, 1, 5)
+	waitUntil(t, "every message handled", func() bool { return h.count() == 50 })
+	h.checkOrder(t, 5)
+
+	streams, err := valkeystream.PartitionStreams(e.topic, n)
+	require.NoError(t, err)
+	total := int64(0)
+	for _, stream := range streams {
+		total += e.client.XLen(context.Background(), stream).Val()
+	}
+	assert.Equal(t, int64(50), total, "messages in the partitions' streams")
+	assert.Zero(t, e.client.XLen(context.Background(), e.topic).Val(), "messages in the topic's own stream")
+
 	_, err = e.subscriber("", "").Subscribe(context.Background(), e.topic)
 	require.ErrorIs(t, err, valkeystream.ErrPartitionCount, "fan-out")
+	assert.ErrorContains(t, err, "set ConsumerGroup")
+}
+
+// A count declared in the config is an assertion: another count on the
+// server fails the first use, naming both, on either side; a count found
+// on the server that is no count fails too.
+func TestADeclaredCountIsCheckedAgainstTheServers(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	undeclared := e.publisher()
+	require.NoError(t, e.client.Set(context.Background(), e.topic+":partitions", "8", 0).Err())
+	four := map[string]int{e.topic: 4}
+	err := e.publisher(func(c *valkeystream.PublisherConfig) { c.Partitions = four }).Publish(e.topic, keyed("a", 1))
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	assert.ErrorContains(t, err, "8 partitions")
+	_, err = e.subscriber("g", "c", func(c *valkeystream.SubscriberConfig) { c.Partitions = four }).Subscribe(context.Background(), e.topic)
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	assert.ErrorContains(t, err, "with 4")
+
+	other := e.topic + "-x"
+	require.NoError(t, e.client.Set(context.Background(), other+":partitions", "many", 0).Err())
+	err = undeclared.Publish(other, keyed("a", 1))
+	require.ErrorIs(t, err, valkeystream.ErrPartitionCount)
+	assert.ErrorContains(t, err, `"many"`)
 }
 
 // A Subscriber of partitioned topics is not refused for claim settings that

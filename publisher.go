@@ -121,10 +121,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) (err error) 
 	key := p.config.KeyPrefix + topic
 	if !p.partitions.knownPlain(topic) { // the first Publish of topic only
 		ctx, cancel := publishContext(msgs)
-		err = p.partitions.checkPlain(ctx, p.config.Client, topic, key)
+		l, err := p.partitions.resolve(ctx, p.config.Client, topic, key)
 		cancel()
 		if err != nil {
 			return &PublishError{Topic: topic, NotSent: uuids(msgs), Total: len(msgs), Err: err}
+		}
+		if l != nil { // partitioned on the server: from now on like one of Partitions
+			return p.publishPartitioned(topic, l, msgs) // see partitioned.go
 		}
 	}
 	return p.publishTo(topic, key, msgs)

@@ -204,28 +204,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			return nil, s.closedOr(err)
 		}
 		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
-	} else if l := s.partitions.layout(topic); l != nil {
-		logFields["consumer_group"] = s.config.ConsumerGroup
-		var err error
-		run, err = s.subscribePartitioned(runCtx, cancel, topic, l, health, logFields, out) // see partitionsub.go
-		if err != nil {
-			abort()
-			return nil, s.closedOr(err)
-		}
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
-		if err := s.config.validateClaims(); err != nil { // checked by NewSubscriber unless Partitions is set
-			abort()
-			return nil, fmt.Errorf("%w (topic %q is not one of Partitions, so its subscription claims)", err, topic)
-		}
-		lease, err := s.openSubscription(runCtx, key, s.logger.With(logFields)) // see door.go
+		var err error
+		run, err = s.subscribeGroup(runCtx, cancel, topic, key, health, logFields, out)
 		if err != nil {
 			abort()
 			return nil, s.closedOr(err)
 		}
-		logFields["consumer"] = lease.name
-		health.setConsumer(lease.name)
-		run = s.newGroupLoop(runCtx, cancel, key, lease, health, s.logger.With(logFields), out).Run
 	}
 
 	s.logger.Debug("Subscribed", logFields)
@@ -245,6 +231,33 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		run(s.withStepSource(runCtx)) // see exactlyonce.go
 	}()
 	return out, nil
+}
+
+// subscribeGroup starts a subscription of topic, whose stream key is key,
+// for the consumer group, and returns its run: of a partitioned topic when
+// the config declares it partitioned or the server holds its partition
+// count (found in the round trip of a plain one's start, see
+// openSubscription), else of a plain one.
+func (s *Subscriber) subscribeGroup(ctx context.Context, cancel context.CancelFunc, topic, key string,
+	health *subscriptionHealth, logFields watermill.LogFields, out chan *message.Message,
+) (func(context.Context), error) {
+	l := s.partitions.layout(topic)
+	if l == nil {
+		if err := s.config.validateClaims(); err != nil { // checked by NewSubscriber unless Partitions is set
+			return nil, fmt.Errorf("%w (topic %q is not one of Partitions: its subscription claims, unless the server holds it partitioned)", err, topic)
+		}
+		held, found, err := s.openSubscription(ctx, topic, key, s.logger.With(logFields)) // see door.go
+		if err != nil {
+			return nil, err
+		}
+		if held != nil {
+			logFields["consumer"] = held.name
+			health.setConsumer(held.name)
+			return s.newGroupLoop(ctx, cancel, key, held, health, s.logger.With(logFields), out).Run, nil
+		}
+		l = found
+	}
+	return s.subscribePartitioned(ctx, cancel, topic, l, health, logFields, out) // see partitionsub.go
 }
 
 // Close stops every subscription, sends the Acks not sent yet, closes the

@@ -148,7 +148,7 @@ func (s *Subscriber) fanOutStart(ctx context.Context, key string) (string, error
 	case err != nil:
 		return "", fmt.Errorf("valkeystream: checking whether stream %q is a partitioned topic: %w", key, err)
 	case declared:
-		return "", notDeclaredError(key[len(s.config.KeyPrefix):], key, n)
+		return "", fanOutPartitionedError(key[len(s.config.KeyPrefix):], key, n)
 	}
 	if s.config.Start == StartHead {
 		return "0-0", nil

@@ -59,6 +59,7 @@ var commands = []*command{
 	delayedCancelCommand,
 	dedupShowCommand,
 	dedupClearCommand,
+	partitionsDeclareCommand, // before partitionsCommand, whose name is its first word
 	partitionsCommand,
 }
 

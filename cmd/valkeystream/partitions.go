@@ -157,3 +157,102 @@ func showPartitions(ctx context.Context, e *env, s stream, group string) error {
 	}
 	return t.flush()
 }
+
+var partitionsDeclareCommand = &command{
+	name:    "partitions declare",
+	args:    "<topic-or-stream> <n>",
+	summary: "declare a topic partitioned with n partitions, for every Publisher and Subscriber to find",
+	help: `Declares a topic partitioned with n partitions (1 to 1024; see
+docs/partitions.md): it writes the count to the server, where every
+Publisher and Subscriber finds it at its first use of the topic, so that
+none of them needs the count in its config. Declaring the count a topic has
+already changes nothing; another count is refused, naming both (changing
+the count is a migration).
+
+A topic in use as a plain one (its stream holds entries or consumer
+groups) is refused: its new messages would go to the partitions while its
+running subscriptions read the plain stream. Declare a topic before its
+first Publisher or Subscriber starts.`,
+	nargs: [2]int{2, 2},
+	setup: func(fs *flagSet) func(context.Context, *env, []string) error {
+		return func(ctx context.Context, e *env, args []string) error {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 1 || n > partition.MaxPartitions {
+				return usagef("the partition count %q is not a number from 1 to %d", args[1], partition.MaxPartitions)
+			}
+			s := e.stream(args[0])
+			e.noteStream(s)
+			return declarePartitions(ctx, e, s, n)
+		}
+	},
+}
+
+type declareResult struct {
+	Stream     string `json:"stream"`
+	Topic      string `json:"topic"`
+	Partitions int    `json:"partitions"`
+	Key        string `json:"key"`
+	Result     string `json:"result"` // declared, already-declared
+}
+
+func declarePartitions(ctx context.Context, e *env, s stream, n int) error {
+	l, err := partition.NewLayout(s.Key, n)
+	if err != nil {
+		return err
+	}
+	key := partition.DeclarationKey(s.Key)
+	r := declareResult{Stream: s.Key, Topic: s.Topic, Partitions: n, Key: key, Result: "declared"}
+	switch before, err := e.client.Get(ctx, key).Result(); {
+	case errors.Is(err, redis.Nil):
+		if err := refusePlainUse(ctx, e, s); err != nil {
+			return err
+		}
+	case err != nil:
+		return e.serverErr("reading the partition count in "+strconv.Quote(key), err)
+	case before == strconv.Itoa(n):
+		r.Result = "already-declared"
+	}
+	var mismatch *partition.CountMismatchError
+	switch err := l.Declare(ctx, e.client); {
+	case errors.As(err, &mismatch):
+		return fmt.Errorf("topic %s is declared with %d partitions on the server (key %q), not %d: changing the count is a migration (docs/partitions.md)",
+			s, mismatch.Declared, key, n)
+	case err != nil:
+		return e.serverErr("declaring the partition count in "+strconv.Quote(key), err)
+	}
+	if e.json {
+		return e.printJSON(r)
+	}
+	t := e.table("STREAM", "TOPIC", "PARTITIONS", "KEY", "RESULT")
+	t.row(r.Stream, r.Topic, strconv.Itoa(r.Partitions), r.Key, r.Result)
+	return t.flush()
+}
+
+// refusePlainUse returns an error when the stream of s holds entries or
+// consumer groups: the topic is in use as a plain one.
+func refusePlainUse(ctx context.Context, e *env, s stream) error {
+	typ, err := e.client.Type(ctx, s.Key).Result()
+	if err != nil {
+		return e.serverErr("reading the type of "+strconv.Quote(s.Key), err)
+	}
+	switch typ {
+	case "none":
+		return nil
+	case "stream":
+	default:
+		return fmt.Errorf("key %q holds a %s, not a stream: topic %s cannot be declared partitioned", s.Key, typ, s)
+	}
+	length, err := e.client.XLen(ctx, s.Key).Result()
+	if err != nil {
+		return e.serverErr("reading the length of "+strconv.Quote(s.Key), err)
+	}
+	groups, err := e.client.XInfoGroups(ctx, s.Key).Result()
+	if err != nil {
+		return e.serverErr("reading the groups of "+strconv.Quote(s.Key), err)
+	}
+	if length > 0 || len(groups) > 0 {
+		return fmt.Errorf("topic %s is in use as a plain topic (its stream holds %d entries and %d consumer groups): declared partitioned, its new messages would go to the partitions while its running subscriptions read the plain stream; that is a migration (docs/partitions.md)",
+			s, length, len(groups))
+	}
+	return nil
+}

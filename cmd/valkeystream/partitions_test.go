@@ -87,3 +87,59 @@ func TestPartitions(t *testing.T) {
 		t.Errorf("a plain topic: exit %d, stderr %s, want 1 and 'not partitioned'", r.code, r.stderr)
 	}
 }
+
+// partitions declare writes the count every side then finds; the same count
+// again changes nothing, another one is refused, and so is a topic in use
+// as a plain one.
+func TestPartitionsDeclare(t *testing.T) {
+	srv := testserver.Start(t)
+	c := newClient(t, srv)
+	ctx := context.Background()
+
+	r := cli(t, srv.Addr(), "", "partitions", "declare", "orders", "8", "--prefix", "shop:", "--json")
+	if r.code != 0 {
+		t.Fatalf("partitions declare: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if got := decode[declareResult](t, r.stdout); got != (declareResult{Stream: "shop:orders", Topic: "orders", Partitions: 8, Key: "shop:orders:partitions", Result: "declared"}) {
+		t.Errorf("declared: %+v", got)
+	}
+	if out := ok(t, srv.Addr(), "partitions", "declare", "orders", "8", "--prefix", "shop:"); !strings.Contains(out, "already-declared") {
+		t.Errorf("declared again:\n%s", out)
+	}
+	r = cli(t, srv.Addr(), "", "partitions", "declare", "orders", "4", "--prefix", "shop:")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "declared with 8 partitions") || !strings.Contains(r.stderr, "not 4") {
+		t.Errorf("another count: exit %d, stderr %s", r.code, r.stderr)
+	}
+	r = cli(t, srv.Addr(), "", "partitions", "declare", "orders", "2000")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "from 1 to 1024") {
+		t.Errorf("a count out of range: exit %d, stderr %s", r.code, r.stderr)
+	}
+
+	// A Publisher without Partitions finds the count: its message goes to
+	// its key's partition.
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: c, KeyPrefix: "shop:"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(valkeystream.MetadataPartitionKey, "customer:42")
+	if err := pub.Publish("orders", m); err != nil {
+		t.Fatal(err)
+	}
+	streams, _ := valkeystream.PartitionStreams("shop:orders", 8)
+	if n := c.XLen(ctx, streams[valkeystream.PartitionOf("customer:42", 8)]).Val(); n != 1 {
+		t.Errorf("entries in the partition of customer:42: %d, want 1", n)
+	}
+
+	// A plain topic in use.
+	if err := pub.Publish("payments", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, srv.Addr(), "", "partitions", "declare", "payments", "4", "--prefix", "shop:")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "in use as a plain topic (its stream holds 1 entries and 0 consumer groups)") {
+		t.Errorf("a plain topic in use: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if n := c.Exists(ctx, "shop:payments:partitions").Val(); n != 0 {
+		t.Error("a plain topic in use was declared partitioned")
+	}
+}

@@ -3,7 +3,6 @@ package valkeystream_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -22,11 +21,10 @@ import (
 // SIGKILLed is not among them: its replica may miss the last writes it
 // acknowledged, which nothing here promises to keep (docs/reliability.md,
 // "Not promised"), and every check of the soak counts on them. Like
-// TestChaosSoak it runs only with VALKEYSTREAM_SOAK=1, about 2 minutes.
+// TestChaosSoak it runs only with VALKEYSTREAM_SOAK=1 (or =cluster), about
+// 2 minutes.
 func TestChaosSoakCluster(t *testing.T) {
-	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
-		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
-	}
+	soakWanted(t, "cluster")
 	testserver.Parallel(t) // beside the other tests: their load is one more fault
 	p := soakCI
 	p.For = soakDuration(t, p.For)

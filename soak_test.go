@@ -141,18 +141,33 @@ const (
 
 // TestChaosSoak runs the chaos soak for about 2 minutes (110 s of faults,
 // VALKEYSTREAM_SOAK_FOR to change it) on a private server. It runs only
-// with VALKEYSTREAM_SOAK=1: it is meant for one server of the CI's passes.
+// with VALKEYSTREAM_SOAK=1 or =single (see soakWanted): it is meant for a
+// few servers of the CI's passes.
 // It runs beside the other tests, as the crash audits do: their load on
 // the CPU slows its workers down, one more fault, and none of its checks
 // depends on how far the workers get.
 func TestChaosSoak(t *testing.T) {
-	if os.Getenv("VALKEYSTREAM_SOAK") == "" {
-		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
-	}
+	soakWanted(t, "single")
 	testserver.Parallel(t) // beside the other tests: their load is one more fault
 	p := soakCI
 	p.For = soakDuration(t, p.For)
 	runSoak(t, p, newSoakSingleServer)
+}
+
+// soakWanted skips t unless VALKEYSTREAM_SOAK asks for the soak on this
+// topology: 1 (or all) for both, single for one server, cluster for a
+// cluster. Anything else fails t, so that a typo does not skip it.
+func soakWanted(t *testing.T, topology string) {
+	t.Helper()
+	switch v := os.Getenv("VALKEYSTREAM_SOAK"); v {
+	case "":
+		t.Skip("the chaos soak runs with VALKEYSTREAM_SOAK=1 (about 2 minutes; =single or =cluster for one topology; VALKEYSTREAM_SOAK_FOR=<duration> sets how long the faults go on)")
+	case "1", "all", topology:
+	case "single", "cluster":
+		t.Skipf("VALKEYSTREAM_SOAK=%s: the soak runs on the other topology only", v)
+	default:
+		t.Fatalf("VALKEYSTREAM_SOAK=%q: want 1 (or all), single or cluster", v)
+	}
 }
 
 // soakDuration is VALKEYSTREAM_SOAK_FOR, or def.

@@ -535,13 +535,18 @@ func TestAPartitionedTopicOnAClusterThroughAFailover(t *testing.T) {
 		assert.Equal(t, 4, k, "partitions on master %s", m)
 	}
 
-	parts := map[string]int{topic: n}
+	// Declared once, as the valkeystream command does: the Publisher and
+	// the Subscriber find the count on the cluster (its key is in another
+	// slot than the topic's).
 	pubClient, subClient := clusterClient(t, c), clusterClient(t, c)
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: pubClient, Partitions: parts}, testLogger())
+	layout, err := partition.NewLayout(topic, n)
+	require.NoError(t, err)
+	require.NoError(t, layout.Declare(ctx, pubClient))
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: pubClient}, testLogger())
 	require.NoError(t, err)
 	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
 		Client: subClient, ConsumerGroup: "g", Start: valkeystream.StartHead,
-		Partitions: parts, PartitionOwnerTTL: 2 * time.Second, NackResendDelay: 5 * time.Millisecond,
+		PartitionOwnerTTL: 2 * time.Second, NackResendDelay: 5 * time.Millisecond,
 	}, testLogger())
 	require.NoError(t, err)
 	e := &env{t: t, topic: topic}

@@ -67,10 +67,14 @@ const shutdownTimeout = 10 * time.Second
 func main() {
 	addr := flag.String("addr", os.Getenv("VALKEYSTREAM_ADDR"), "host:port of the server (default $VALKEYSTREAM_ADDR; empty: start a private one)")
 	httpAddr := flag.String("http", envOr("SERVICE_HTTP_ADDR", "127.0.0.1:8080"), "address of the HTTP server (/metrics, /livez, /readyz; default $SERVICE_HTTP_ADDR, else 127.0.0.1:8080; port 0 picks a free one)")
-	reminderDelay := flag.Duration("reminder-delay", 5*time.Second, "how long after an order its payment reminder is due")
-	samples := flag.Int("sample-orders", -1, "sample orders to publish at start (-1: 10 on a server the service started itself, else 0)")
-	verbose := flag.Bool("v", false, "print Watermill's and valkeystream's logs")
+	o := options{}
+	flag.DurationVar(&o.reminderDelay, "reminder-delay", 5*time.Second, "how long after an order its payment reminder is due")
+	flag.IntVar(&o.samples, "sample-orders", -1, "sample orders to publish at start (-1: 10 on a server the service started itself, else 0)")
+	flag.BoolVar(&o.verbose, "v", false, "print Watermill's and valkeystream's logs")
+	flag.BoolVar(&o.handlers, "handlers", true, "run the handlers; false: a monitoring instance, which serves /metrics on the handlers' groups and handles nothing")
+	flag.DurationVar(&o.sampleInterval, "sample-interval", metrics.DefaultSampleInterval, "how often /metrics samples the streams and groups on the server")
 	flag.Parse()
+	o.httpAddr = *httpAddr
 	if *addr != "" {
 		// devserver.Start uses the server at VALKEYSTREAM_ADDR.
 		if err := os.Setenv("VALKEYSTREAM_ADDR", *addr); err != nil {
@@ -79,13 +83,24 @@ func main() {
 	}
 
 	logger := log.New(os.Stdout, "service: ", log.Ltime|log.Lmicroseconds)
-	if err := run(logger, *httpAddr, *reminderDelay, *samples, *verbose); err != nil {
+	if err := run(logger, o); err != nil {
 		logger.Print("failed: ", err)
 		os.Exit(1)
 	}
 }
 
-func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, samples int, verbose bool) error {
+// options are the service's flags.
+type options struct {
+	httpAddr       string
+	reminderDelay  time.Duration
+	samples        int
+	verbose        bool
+	handlers       bool
+	sampleInterval time.Duration
+}
+
+func run(logger *log.Logger, o options) error {
+	verbose, samples := o.verbose, o.samples
 	// SIGINT or SIGTERM cancels ctx; the shutdown below follows.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -108,6 +123,9 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	}
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer client.Close()
+	if !o.handlers {
+		return monitor(ctx, logger, srv, client, o)
+	}
 
 	// One Publisher for the events and the dead letters. The EventBus
 	// writes through Watermill's delay publisher, which turns a delay in
@@ -179,7 +197,7 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	if err != nil {
 		return err
 	}
-	h := &handlers{client: client, bus: bus, reminderDelay: reminderDelay, logger: logger}
+	h := &handlers{client: client, bus: bus, reminderDelay: o.reminderDelay, logger: logger}
 	if err := processor.AddHandlers(h.eventHandlers()...); err != nil {
 		return err
 	}
@@ -190,7 +208,7 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	}()
 
 	// Metrics and probes, on one HTTP server.
-	collector, err := metrics.NewCollector(metrics.Config{Client: client})
+	collector, err := metrics.NewCollector(metrics.Config{Client: client, SampleInterval: o.sampleInterval})
 	if err != nil {
 		return err
 	}
@@ -219,15 +237,10 @@ func run(logger *log.Logger, httpAddr string, reminderDelay time.Duration, sampl
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.Handle("/livez", health.LiveHandler())
 	mux.Handle("/readyz", health.ReadyHandler())
-	listener, err := net.Listen("tcp", httpAddr)
+	httpServer, httpDone, err := serve(logger, srv, o.httpAddr, mux)
 	if err != nil {
-		return fmt.Errorf("serving HTTP at %s (-http or SERVICE_HTTP_ADDR; port 0 picks a free one): %w", httpAddr, err)
+		return err
 	}
-	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpServer.Serve(listener) }()
-	logger.Printf("server: %s at %s (the valkeystream command: VALKEYSTREAM_ADDR=%s); HTTP: http://%s (/metrics, /livez, /readyz)",
-		srv.About, srv.Addr, srv.Addr, listener.Addr())
 
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
@@ -376,4 +389,59 @@ func (l withFields) Info(msg string, fields watermill.LogFields) {
 
 func (l withFields) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return withFields{l.consoleLog, l.fields.Add(fields)}
+}
+
+// serve serves mux at addr and prints the service's first line, which names
+// the server and the HTTP address; the channel gets Serve's error.
+func serve(logger *log.Logger, srv *devserver.Server, addr string, mux *http.ServeMux) (*http.Server, <-chan error, error) {
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("serving HTTP at %s (-http or SERVICE_HTTP_ADDR; port 0 picks a free one): %w", addr, err)
+	}
+	httpServer := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- httpServer.Serve(listener) }()
+	logger.Printf("server: %s at %s (the valkeystream command: VALKEYSTREAM_ADDR=%s); HTTP: http://%s (/metrics, /livez, /readyz)",
+		srv.About, srv.Addr, srv.Addr, listener.Addr())
+	return httpServer, done, nil
+}
+
+// monitor runs a monitoring instance: /metrics samples the groups of the
+// service's handlers on the server (Collector.WatchGroup), as an exporter
+// beside the workers would, and nothing is handled; /livez and /readyz
+// answer 200.
+func monitor(ctx context.Context, logger *log.Logger, srv *devserver.Server, client redis.UniversalClient, o options) error {
+	collector, err := metrics.NewCollector(metrics.Config{Client: client, SampleInterval: o.sampleInterval})
+	if err != nil {
+		return err
+	}
+	for _, h := range (&handlers{}).eventHandlers() {
+		collector.WatchGroup(marshaler.Name(h.NewEvent()), h.HandlerName())
+	}
+	registry := prometheus.NewRegistry()
+	if err := registry.Register(collector); err != nil {
+		return err
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"monitoring":true}`)) })
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("/livez", ok)
+	mux.Handle("/readyz", ok)
+	httpServer, httpDone, err := serve(logger, srv, o.httpAddr, mux)
+	if err != nil {
+		return err
+	}
+	logger.Print("monitoring the handlers' consumer groups; handling nothing")
+	select {
+	case <-ctx.Done():
+	case err := <-httpDone:
+		return fmt.Errorf("HTTP server: %w", err)
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := httpServer.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutting down the HTTP server: %w", err)
+	}
+	logger.Print("stopped")
+	return nil
 }

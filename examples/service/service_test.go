@@ -264,11 +264,11 @@ const (
 // startService starts the service binary against the server at addr and
 // waits until /readyz answers 200 and its first line has named both
 // addresses.
-func startService(ctx context.Context, t *testing.T, bin, addr string, byEnv bool) *service {
+func startService(ctx context.Context, t *testing.T, bin, addr string, byEnv bool, extra ...string) *service {
 	t.Helper()
 	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	s := &service{url: "http://" + httpAddr, exited: make(chan struct{}), output: &syncBuffer{}}
-	args := []string{"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0"}
+	args := append([]string{"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0"}, extra...)
 	env := append(os.Environ(), "VALKEYSTREAM_ADDR=", "SERVICE_HTTP_ADDR=")
 	if byEnv {
 		env = append(env, "VALKEYSTREAM_ADDR="+addr, "SERVICE_HTTP_ADDR="+httpAddr)

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream"
+)
+
+// TestPrometheusFiresTheLagAlert runs a real Prometheus with the shipped
+// rules (metrics/rules.yml, its time scales shortened) scraping a
+// monitoring instance of the service (-handlers=false) while a working
+// instance consumes; once the working instance stops, orders go on arriving,
+// and the lag alert of its groups fires, read through Prometheus' HTTP API.
+// Without the prometheus binary (Debian: apt-get install prometheus) it
+// skips, unless VALKEYSTREAM_REQUIRE_PROMTOOL is set, as CI sets it.
+func TestPrometheusFiresTheLagAlert(t *testing.T) {
+	promBin, err := exec.LookPath("prometheus")
+	if err != nil {
+		if os.Getenv("VALKEYSTREAM_REQUIRE_PROMTOOL") != "" {
+			t.Fatalf("VALKEYSTREAM_REQUIRE_PROMTOOL is set and prometheus is not on PATH (apt-get install prometheus): %v", err)
+		}
+		t.Skip("prometheus is not on PATH (apt-get install prometheus); CI has it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "service")
+	args := []string{"build", "-o", bin, "."}
+	if raceEnabled {
+		args = []string{"build", "-race", "-o", bin, "."}
+	}
+	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	srv := startTestServer(ctx, t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+
+	worker := startService(ctx, t, bin, srv.Addr, byFlags)
+	mon := startService(ctx, t, bin, srv.Addr, byFlags, "-handlers=false", "-sample-interval", "200ms")
+	prom := startPrometheus(ctx, t, promBin, strings.TrimPrefix(mon.url, "http://"))
+	waitFor(ctx, t, "Prometheus to scrape the monitoring instance", func() (bool, string) {
+		v, detail := prom.query(ctx, t, `valkeystream:group_lag:max{stream="OrderPlaced",group="billing"}`)
+		return v >= 0, detail
+	})
+
+	worker.stop(t)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	bus, err := newEventBus(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Orders arrive while nobody handles them, until the alert fires.
+	var placed int
+	waitFor(ctx, t, "ValkeystreamLagGrowing to fire for billing", func() (bool, string) {
+		for range 10 {
+			placed++
+			if err := bus.Publish(ctx, &OrderPlaced{OrderID: fmt.Sprintf("p%04d", placed), Customer: "alice", Cents: 100}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return prom.firing(ctx, t, "ValkeystreamLagGrowing", map[string]string{"stream": "OrderPlaced", "group": "billing"})
+	})
+	t.Logf("ValkeystreamLagGrowing fired for billing after %d orders nobody handled", placed)
+}
+
+// promServer is a Prometheus process of a test.
+type promServer struct{ url string }
+
+// startPrometheus starts Prometheus scraping target every 200 ms with the
+// rules of metrics/rules.yml, their time scales shortened for a test: the
+// lag alert's 10 minutes to 2 seconds, its backlog threshold to 20.
+func startPrometheus(ctx context.Context, t *testing.T, bin, target string) *promServer {
+	t.Helper()
+	rules, err := os.ReadFile("../../metrics/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(rules)
+	for _, r := range [][2]string{
+		{"valkeystream:group_backlog:max > 1000", "valkeystream:group_backlog:max > 20"},
+		{"deriv(valkeystream:group_lag:max[10m])", "deriv(valkeystream:group_lag:max[3s])"},
+		{"for: 10m", "for: 2s"},
+	} {
+		if strings.Count(text, r[0]) != 1 {
+			t.Fatalf("metrics/rules.yml holds %q %d times, want once: the test shortens it", r[0], strings.Count(text, r[0]))
+		}
+		text = strings.ReplaceAll(text, r[0], r[1])
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.yml"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	config := fmt.Sprintf(`global:
+  scrape_interval: 200ms
+  evaluation_interval: 200ms
+rule_files: [rules.yml]
+scrape_configs:
+  - job_name: service
+    static_configs: [{targets: [%q]}]
+`, target)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr)
+	output := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = output, output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus output:\n%s", output.String())
+		}
+	})
+	p := &promServer{url: "http://" + addr}
+	waitFor(ctx, t, "Prometheus to be ready", func() (bool, string) {
+		code, body := get(ctx, t, p.url+"/-/ready")
+		return code == 200, fmt.Sprintf("/-/ready: %d %s", code, body)
+	})
+	return p
+}
+
+// query returns the value of the instant query expr's one series, or -1
+// when it has none.
+func (p *promServer) query(ctx context.Context, t *testing.T, expr string) (float64, string) {
+	t.Helper()
+	code, body := get(ctx, t, p.url+"/api/v1/query?query="+url.QueryEscape(expr))
+	var r struct {
+		Data struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &r) != nil || len(r.Data.Result) != 1 {
+		return -1, fmt.Sprintf("%s: %d %s", expr, code, body)
+	}
+	s, _ := r.Data.Result[0].Value[1].(string)
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return -1, body
+	}
+	return v, fmt.Sprintf("%s = %v", expr, v)
+}
+
+// firing reports whether Prometheus has the alert firing with labels.
+func (p *promServer) firing(ctx context.Context, t *testing.T, alert string, labels map[string]string) (bool, string) {
+	t.Helper()
+	code, body := get(ctx, t, p.url+"/api/v1/alerts")
+	var r struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &r) != nil {
+		return false, fmt.Sprintf("/api/v1/alerts: %d %s", code, body)
+	}
+	for _, a := range r.Data.Alerts {
+		if a.Labels["alertname"] != alert || a.State != "firing" {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			match = match && a.Labels[k] == v
+		}
+		if match {
+			return true, ""
+		}
+	}
+	return false, "alerts: " + body
+}

@@ -22,8 +22,10 @@ import (
 // TestPrometheusFiresTheLagAlert runs a real Prometheus with the shipped
 // rules (metrics/rules.yml, its time scales shortened) scraping a
 // monitoring instance of the service (-handlers=false) while a working
-// instance consumes; once the working instance stops, orders go on arriving,
-// and the lag alert of its groups fires, read through Prometheus' HTTP API.
+// instance consumes; once the working instance stops, orders go on
+// arriving, and the alerts fire, read through Prometheus' HTTP API: no
+// consumer alive in its groups, and their lag growing (where the server
+// reports a group's lag: not Redis 6.2, whose XINFO GROUPS has none).
 // Without the prometheus binary (Debian: apt-get install prometheus) it
 // skips, unless VALKEYSTREAM_REQUIRE_PROMTOOL is set, as CI sets it.
 func TestPrometheusFiresTheLagAlert(t *testing.T) {
@@ -50,11 +52,19 @@ func TestPrometheusFiresTheLagAlert(t *testing.T) {
 
 	worker := startService(ctx, t, bin, srv.Addr, byFlags)
 	mon := startService(ctx, t, bin, srv.Addr, byFlags, "-handlers=false", "-sample-interval", "200ms")
-	prom := startPrometheus(ctx, t, promBin, strings.TrimPrefix(mon.url, "http://"))
-	waitFor(ctx, t, "Prometheus to scrape the monitoring instance", func() (bool, string) {
-		v, detail := prom.query(ctx, t, `valkeystream:group_lag:max{stream="OrderPlaced",group="billing"}`)
-		return v >= 0, detail
+	prom := startPrometheus(ctx, t, promBin, strings.TrimPrefix(mon.url, "http://"), strings.TrimPrefix(worker.url, "http://"))
+	waitFor(ctx, t, "Prometheus to scrape both instances", func() (bool, string) {
+		v, detail := prom.query(ctx, t, `valkeystream:group_pending:max{stream="OrderPlaced",group="billing"}`)
+		if v < 0 {
+			return false, detail
+		}
+		v, detail = prom.query(ctx, t, `valkeystream:group_subscriptions:count{stream="OrderPlaced",group="billing"}`)
+		return v == 1, detail
 	})
+	lagReported, _ := prom.query(ctx, t, `valkeystream:group_lag:max{stream="OrderPlaced",group="billing"}`)
+	if firing, _ := prom.firing(ctx, t, "ValkeystreamNoConsumerAlive", map[string]string{"group": "billing"}); firing {
+		t.Fatal("ValkeystreamNoConsumerAlive fires for billing while its subscription runs")
+	}
 
 	worker.stop(t)
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
@@ -66,27 +76,39 @@ func TestPrometheusFiresTheLagAlert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Orders arrive while nobody handles them, until the alert fires.
+	// Orders arrive while nobody handles them, until the alerts fire.
 	var placed int
-	waitFor(ctx, t, "ValkeystreamLagGrowing to fire for billing", func() (bool, string) {
+	billing := map[string]string{"stream": "OrderPlaced", "group": "billing"}
+	waitFor(ctx, t, "the alerts to fire for billing", func() (bool, string) {
 		for range 10 {
 			placed++
 			if err := bus.Publish(ctx, &OrderPlaced{OrderID: fmt.Sprintf("p%04d", placed), Customer: "alice", Cents: 100}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		return prom.firing(ctx, t, "ValkeystreamLagGrowing", map[string]string{"stream": "OrderPlaced", "group": "billing"})
+		if ok, detail := prom.firing(ctx, t, "ValkeystreamNoConsumerAlive", billing); !ok {
+			return false, detail
+		}
+		if lagReported < 0 {
+			return true, ""
+		}
+		return prom.firing(ctx, t, "ValkeystreamLagGrowing", billing)
 	})
-	t.Logf("ValkeystreamLagGrowing fired for billing after %d orders nobody handled", placed)
+	if lagReported < 0 {
+		t.Logf("ValkeystreamNoConsumerAlive fired for billing after %d orders nobody handled; the server reports no lag (%s), so ValkeystreamLagGrowing cannot", placed, srv.About)
+		return
+	}
+	t.Logf("ValkeystreamNoConsumerAlive and ValkeystreamLagGrowing fired for billing after %d orders nobody handled", placed)
 }
 
 // promServer is a Prometheus process of a test.
 type promServer struct{ url string }
 
-// startPrometheus starts Prometheus scraping target every 200 ms with the
+// startPrometheus starts Prometheus scraping targets every 200 ms with the
 // rules of metrics/rules.yml, their time scales shortened for a test: the
-// lag alert's 10 minutes to 2 seconds, its backlog threshold to 20.
-func startPrometheus(ctx context.Context, t *testing.T, bin, target string) *promServer {
+// lag alert's 10 minutes to 2 seconds and its backlog threshold to 20, the
+// no-consumer alert's 2 minutes to 1 second.
+func startPrometheus(ctx context.Context, t *testing.T, bin string, targets ...string) *promServer {
 	t.Helper()
 	rules, err := os.ReadFile("../../metrics/rules.yml")
 	if err != nil {
@@ -97,6 +119,9 @@ func startPrometheus(ctx context.Context, t *testing.T, bin, target string) *pro
 		{"valkeystream:group_backlog:max > 1000", "valkeystream:group_backlog:max > 20"},
 		{"deriv(valkeystream:group_lag:max[10m])", "deriv(valkeystream:group_lag:max[3s])"},
 		{"for: 10m", "for: 2s"},
+		{`unless on (stream, group) valkeystream:group_subscriptions:count
+        for: 2m`, `unless on (stream, group) valkeystream:group_subscriptions:count
+        for: 1s`},
 	} {
 		if strings.Count(text, r[0]) != 1 {
 			t.Fatalf("metrics/rules.yml holds %q %d times, want once: the test shortens it", r[0], strings.Count(text, r[0]))
@@ -113,8 +138,8 @@ func startPrometheus(ctx context.Context, t *testing.T, bin, target string) *pro
 rule_files: [rules.yml]
 scrape_configs:
   - job_name: service
-    static_configs: [{targets: [%q]}]
-`, target)
+    static_configs: [{targets: [%s]}]
+`, quoted(targets))
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -192,4 +217,13 @@ func (p *promServer) firing(ctx context.Context, t *testing.T, alert string, lab
 		}
 	}
 	return false, "alerts: " + body
+}
+
+// quoted returns ss quoted and comma-separated, for a YAML list.
+func quoted(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, ", ")
 }

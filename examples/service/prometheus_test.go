@@ -13,10 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/echomq/valkeystream"
 )
 
 // TestPrometheusFiresTheLagAlert runs a real Prometheus with the shipped
@@ -67,15 +64,7 @@ func TestPrometheusFiresTheLagAlert(t *testing.T) {
 	}
 
 	worker.stop(t)
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pub.Close() })
-	bus, err := newEventBus(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := testBus(t, client)
 	// Orders arrive while nobody handles them, until the alerts fire.
 	var placed int
 	billing := map[string]string{"stream": "OrderPlaced", "group": "billing"}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream"
@@ -67,15 +68,7 @@ func TestService(t *testing.T) {
 	t.Logf("server: %s at %s", srv.About, srv.Addr)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { client.Close() })
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pub.Close() })
-	bus, err := newEventBus(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bus := testBus(t, client)
 
 	svc := startService(ctx, t, serviceBin, srv.Addr, byFlags)
 
@@ -253,6 +246,22 @@ type service struct {
 	err    error         // cmd.Wait's, once exited is closed
 	output *syncBuffer   // its stdout and stderr
 	start  time.Duration // how long it took to become ready
+}
+
+// testBus returns the service's event bus on a Publisher of client, closed
+// when the test ends: what the test places orders with.
+func testBus(t *testing.T, client redis.UniversalClient) *cqrs.EventBus {
+	t.Helper()
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: client}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	bus, err := newEventBus(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bus
 }
 
 // deadLetters returns how many messages stream holds dead letters of: a

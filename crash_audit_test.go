@@ -306,9 +306,9 @@ func runCrashAudit(t *testing.T, p crashAuditParams) *crashAudit {
 	// Kill at least Rounds times, and go on until publishing has finished and
 	// the backlog is nearly handled, so that the last kill lands on a busy
 	// group and the time to drain after it measures recovery, not backlog.
-	// Past Rounds, a kill waits until the workers have handled a fiftieth
-	// of the messages since the last one: on a loaded machine kills at the
-	// steady pace could outrun the restarted workers' progress.
+	// Past Rounds, a round kills only if the workers have handled a
+	// fiftieth of the messages since the last kill: on a loaded machine
+	// kills at the steady pace could outrun the restarted workers' progress.
 	handledAtKill := 0
 	for round := 0; ; round++ {
 		a.readLedgers()
@@ -324,20 +324,22 @@ func runCrashAudit(t *testing.T, p crashAuditParams) *crashAudit {
 		}
 		require.True(t, time.Now().Before(giveUp), "still killing after %d rounds: %d published, %d handled",
 			round, publishedSoFar.Load(), len(a.handled))
-		if a.kills.kills >= p.Rounds && len(a.handled)-handledAtKill < p.Messages/50 {
-			time.Sleep(20 * time.Millisecond) // the poll of the workers' ledgers
-			continue
-		}
 		slot := a.rng.IntN(len(slots))
-		if round > 0 && a.rng.IntN(4) == 0 {
+		early := round > 0 && a.rng.IntN(4) == 0
+		if early {
 			// Kill the worker that just came back, while it drains its own
 			// pending list or reclaims: entries die a second time, and
 			// their delivery counts grow past 2.
 			slot = lastSlot
 			a.sleepRandom(30*time.Millisecond, 250*time.Millisecond)
-			earlyKills++
 		} else {
 			a.sleepRandom(p.KillEvery[0], p.KillEvery[1])
+		}
+		if a.kills.kills >= p.Rounds && len(a.handled)-handledAtKill < p.Messages/50 {
+			continue // no kill this round: the ledgers are read again after the next pause
+		}
+		if early {
+			earlyKills++
 		}
 		for _, w := range slots {
 			if w.exited() {

@@ -362,7 +362,7 @@ func consumeRouter(t *testing.T, client redis.UniversalClient, parts map[string]
 	left.Store(int64(n))
 	done := make(chan struct{})
 	var last atomic.Int64
-	router.AddConsumerHandler("bench", topic, sub, func(msg *message.Message) error {
+	router.AddNoPublisherHandler("bench", topic, sub, func(msg *message.Message) error {
 		i, err := strconv.Atoi(strings.TrimSpace(string(msg.Payload)))
 		if err != nil || i < 0 || i >= n {
 			return nil

@@ -103,7 +103,7 @@ func BenchmarkConsumeRouter(b *testing.B) {
 	require.NoError(b, err)
 	done := make(chan struct{})
 	handled := 0
-	router.AddConsumerHandler("bench", topic, sub, func(*message.Message) error {
+	router.AddNoPublisherHandler("bench", topic, sub, func(*message.Message) error {
 		handled++ // the subscription delivers one message at a time
 		if handled == b.N {
 			close(done)

@@ -326,7 +326,7 @@ func BenchmarkConsumeRouterDedup(b *testing.B) {
 			require.NoError(b, err)
 			done := make(chan struct{})
 			handled := 0
-			h := router.AddConsumerHandler("bench", topic, sub, func(*message.Message) error {
+			h := router.AddNoPublisherHandler("bench", topic, sub, func(*message.Message) error {
 				handled++ // the subscription delivers one message at a time
 				if handled == b.N {
 					close(done)

@@ -54,7 +54,7 @@ func Example() {
 	// The first middleware added is the outermost: the dead-letter rule sees
 	// the delivery's final error, after the retries and the panic recovery.
 	router.AddMiddleware(deadLetter, retry.Middleware, middleware.Recoverer)
-	router.AddConsumerHandler("charge", "orders", sub, charge)
+	router.AddNoPublisherHandler("charge", "orders", sub, charge)
 
 	go func() {
 		<-router.Running()

@@ -65,7 +65,7 @@ func haPubSub(t *testing.T, newClient func() redis.UniversalClient, group string
 // with fan-out on clients made by newClient.
 func runUniversal(t *testing.T, newClient func() redis.UniversalClient) {
 	t.Run("groups", func(t *testing.T) {
-		tests.TestPubSub(t, tests.Features{
+		universalSuite(t, tests.Features{
 			ConsumerGroups:                      true,
 			GuaranteedOrder:                     true,
 			GuaranteedOrderWithSingleSubscriber: true,
@@ -80,7 +80,7 @@ func runUniversal(t *testing.T, newClient func() redis.UniversalClient) {
 		)
 	})
 	t.Run("fan-out", func(t *testing.T) {
-		tests.TestPubSub(t, tests.Features{
+		universalSuite(t, tests.Features{
 			GuaranteedOrder:                     true,
 			GuaranteedOrderWithSingleSubscriber: true,
 			Persistent:                          true,

@@ -350,7 +350,7 @@ func (e *env) runRouter(sub message.Subscriber, h message.NoPublishHandlerFunc, 
 	e.t.Helper()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
 	require.NoError(e.t, err)
-	router.AddConsumerHandler("handler", e.topic, sub, h).AddMiddleware(mw...)
+	router.AddNoPublisherHandler("handler", e.topic, sub, h).AddMiddleware(mw...)
 	return e.startRouter(router)
 }
 

@@ -117,7 +117,7 @@ func TestPubSubPartitioned(t *testing.T) {
 		ConsumerGroups: true,
 		Persistent:     true,
 	}
-	tests.TestPubSub(t, features,
+	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
 			return newPartitionedPubSub(t, client, "universal-suite", 4, nil)
 		},
@@ -141,7 +141,7 @@ func TestPubSubPartitionedOneKey(t *testing.T) {
 		GuaranteedOrderWithSingleSubscriber: true,
 		Persistent:                          true,
 	}
-	tests.TestPubSub(t, features,
+	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
 			return newPartitionedPubSub(t, client, "universal-suite", 4, oneKey)
 		},

@@ -3,6 +3,9 @@
 package valkeystream_test
 
 import (
+	"fmt"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,22 +16,36 @@ import (
 
 func init() { assertTimings = true }
 
-// TestPubSubStress runs the universal suite many times in parallel
-// (STRESS_TEST_COUNT, default 10): go test -tags stress -run TestPubSubStress.
+// TestPubSubStress runs the universal suite (universalSuite) many times in
+// parallel (STRESS_TEST_COUNT, default 10), as Watermill's
+// TestPubSubStressTest does: go test -tags stress -run TestPubSubStress.
 func TestPubSubStress(t *testing.T) {
 	srv := testserver.Start(t)
-	tests.TestPubSubStressTest(t,
-		tests.Features{
-			ConsumerGroups:                      true,
-			GuaranteedOrder:                     true,
-			GuaranteedOrderWithSingleSubscriber: true,
-			Persistent:                          true,
-		},
-		func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return newPubSub(t, srv, "universal-suite")
-		},
-		func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
-			return newPubSub(t, srv, group)
-		},
-	)
+	count := 10
+	if s := os.Getenv("STRESS_TEST_COUNT"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("STRESS_TEST_COUNT=%q: want a positive integer", s)
+		}
+		count = n
+	}
+	for i := range count {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			universalSuite(t,
+				tests.Features{
+					ConsumerGroups:                      true,
+					GuaranteedOrder:                     true,
+					GuaranteedOrderWithSingleSubscriber: true,
+					Persistent:                          true,
+				},
+				func(t *testing.T) (message.Publisher, message.Subscriber) {
+					return newPubSub(t, srv, "universal-suite")
+				},
+				func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+					return newPubSub(t, srv, group)
+				},
+			)
+		})
+	}
 }

@@ -43,7 +43,7 @@ func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publ
 // server, so that the suite's TestReconnect runs, when
 // VALKEYSTREAM_UPSTREAM_RECONNECT is set and the build has no race detector.
 //
-// It is off by default because tests.TestReconnect in watermill v1.5.1 checks
+// It is off by default because tests.TestReconnect in Watermill v1.4.7 and v1.5.1 checks
 // its list of published messages without waiting for the goroutine that
 // fills it: the race detector reports that as a data race in the suite's own
 // code every time, and without it the check fails now and then with every
@@ -74,7 +74,7 @@ func TestPubSub(t *testing.T) {
 		Persistent:                          true,
 		RestartServiceCommand:               upstreamReconnect(t, srv),
 	}
-	tests.TestPubSub(t, features,
+	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
 			return newPubSub(t, srv, "universal-suite")
 		},
@@ -96,7 +96,7 @@ func TestPubSubFanOut(t *testing.T) {
 		NewSubscriberReceivesOldMessages:    true,
 		RestartServiceCommand:               upstreamReconnect(t, srv),
 	}
-	tests.TestPubSub(t, features,
+	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
 			return newPubSub(t, srv, "")
 		},

@@ -277,7 +277,7 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 
 	var transform *message.Handler
 	if c.tp.perSlot {
-		transform = router.AddConsumerHandler("transform", c.tp.partitioned, retrying{transformSub, ctx},
+		transform = router.AddNoPublisherHandler("transform", c.tp.partitioned, retrying{transformSub, ctx},
 			func(m *message.Message) error {
 				outs, err := s.transform(m)
 				if err != nil {
@@ -292,9 +292,9 @@ func run(ctx context.Context, c config, pl *audit.Writer, l *soakledger.Writer) 
 		transform = router.AddHandler("transform", c.tp.partitioned, retrying{transformSub, ctx}, c.tp.transformTo, s.pub, s.transform)
 	}
 	transform.AddMiddleware(x.Middleware)
-	plain := router.AddConsumerHandler("plain", c.tp.plain, retrying{plainSub, ctx}, s.plain)
+	plain := router.AddNoPublisherHandler("plain", c.tp.plain, retrying{plainSub, ctx}, s.plain)
 	plain.AddMiddleware(s.recordMarks, s.dedup.Middleware, deadLetter)
-	fan := router.AddConsumerHandler("fan-out", c.tp.plain, retrying{fanOut, ctx}, s.fanOut)
+	fan := router.AddNoPublisherHandler("fan-out", c.tp.plain, retrying{fanOut, ctx}, s.fanOut)
 
 	var stopping atomic.Bool
 	ended := make(chan string, 3)

@@ -72,6 +72,17 @@ var (
 	// at once. See [IsFinal].
 	ErrGiveUp = errors.New("valkeystream: given up")
 
+	// ErrInvalidWrite is wrapped by the error of a [Step] write that
+	// cannot be added: a bad argument, or a key the step already writes as
+	// another type. Nothing is added.
+	ErrInvalidWrite = errors.New("valkeystream: invalid state write")
+
+	// ErrStateChanged is wrapped by the error of an [ExactlyOnce] handling
+	// whose step found a key or field other than its handler expected
+	// ([Step.Expect], [Step.ExpectField]): the step wrote nothing, and the
+	// message comes back, so that its handler reads the state again.
+	ErrStateChanged = errors.New("valkeystream: the state the step expected has changed")
+
 	// ErrDuplicateInProgress is returned by the [Deduplicator] middleware,
 	// which makes the router Nack the message, when another handling of the
 	// same message is in progress and did not end within BusyWait. The
@@ -79,6 +90,24 @@ var (
 	// succeeded, and handled if it failed.
 	ErrDuplicateInProgress = errors.New("valkeystream: the message is being handled elsewhere; it will come back")
 )
+
+// StateChangedError is the error of a step whose handler expected a key
+// or a hash field to hold a value it no longer holds ([Step.Expect],
+// [Step.ExpectField]). It wraps [ErrStateChanged].
+type StateChangedError struct {
+	// Key is the key, Field the hash field ("" for Expect), and Found
+	// the value the step found ("" for a missing one).
+	Key, Field, Found string
+}
+
+func (e *StateChangedError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%v: field %q of hash %q holds %q", ErrStateChanged, e.Field, e.Key, e.Found)
+	}
+	return fmt.Sprintf("%v: key %q holds %q", ErrStateChanged, e.Key, e.Found)
+}
+
+func (e *StateChangedError) Unwrap() error { return ErrStateChanged }
 
 // GroupCreateError is returned by Subscribe and SubscribeInitialize when the
 // server refuses to create the consumer group with any reply other than

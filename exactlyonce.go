@@ -104,10 +104,16 @@ type ExactlyOnceStats struct {
 	// NotReplicated counts committed steps whose outputs fewer replicas
 	// than WaitReplicas confirmed in time: they are written, and stay.
 	NotReplicated int64
+	// StateWrites counts the handlers' writes to their own keys ([Step])
+	// that committed steps applied; StateChanged the steps that wrote
+	// nothing because a key or field did not hold what the handler
+	// expected ([Step.Expect]): their messages come back.
+	StateWrites, StateChanged int64
 }
 
 type exactlyOnceCounters struct {
 	committed, outputs, superseded, failed, nonAtomic, refused, notReplicated atomic.Int64
+	stateWrites, stateChanged                                                 atomic.Int64
 }
 
 // NewExactlyOnce returns the middleware, or an error wrapping
@@ -129,7 +135,7 @@ func (x *ExactlyOnce) Stats() ExactlyOnceStats {
 	return ExactlyOnceStats{
 		Committed: s.committed.Load(), Outputs: s.outputs.Load(), Superseded: s.superseded.Load(),
 		Failed: s.failed.Load(), NonAtomic: s.nonAtomic.Load(), Refused: s.refused.Load(),
-		NotReplicated: s.notReplicated.Load(),
+		NotReplicated: s.notReplicated.Load(), StateWrites: s.stateWrites.Load(), StateChanged: s.stateChanged.Load(),
 	}
 }
 
@@ -235,10 +241,13 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 		switch {
 		case err == nil && out.committed:
 			st.d.SettleAcknowledged()
-			x.stats.committed.Add(1)
-			x.stats.outputs.Add(int64(st.w.outputs))
-			st.committed()
+			x.countCommitted(st)
 			return nil
+		case err == nil && out.changed != nil:
+			x.stats.stateChanged.Add(1)
+			st.abort()
+			return fmt.Errorf("valkeystream: the step of message %s (entry %s of %q) wrote nothing: %w; the message comes back, and its handler reads the state again",
+				msg.UUID, st.d.ID, st.d.Stream, out.changed)
 		case err == nil:
 			st.d.Settle()
 			x.stats.superseded.Add(1)
@@ -249,10 +258,8 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 			return nil
 		case errors.Is(err, ErrNotReplicated):
 			st.d.SettleAcknowledged()
-			x.stats.committed.Add(1)
-			x.stats.outputs.Add(int64(st.w.outputs))
+			x.countCommitted(st)
 			x.stats.notReplicated.Add(1)
-			st.committed()
 			x.logger.Error("Outputs committed with their input, but not confirmed by enough replicas", err,
 				watermill.LogFields{"message_uuid": msg.UUID, "entry_id": st.d.ID, "stream": st.d.Stream})
 			return nil
@@ -276,12 +283,25 @@ func (x *ExactlyOnce) commit(ctx context.Context, st *step, msg *message.Message
 	}
 }
 
+// countCommitted counts a committed step and tells its marks.
+func (x *ExactlyOnce) countCommitted(st *step) {
+	x.stats.committed.Add(1)
+	x.stats.outputs.Add(int64(st.w.outputs))
+	x.stats.stateWrites.Add(int64(st.w.stateWrites))
+	st.committed()
+}
+
 // nonAtomic publishes the outputs of st the usual way, and leaves the
-// input's Ack to the router (NonAtomicFallback), or refuses.
+// input's Ack to the router (NonAtomicFallback), or refuses. A step with
+// state writes or expectations is always refused: they have no plain way
+// that keeps them once per input.
 func (x *ExactlyOnce) nonAtomic(st *step, msg *message.Message) ([]*message.Message, error) {
 	err := fmt.Errorf("%w: key %q is in another cluster hash slot than stream %q: give the topics one hash tag, such as {orders}.in and {orders}.out (docs/reliability.md)",
 		ErrNotAtomic, st.crossSlot, st.d.Stream)
-	if !x.config.NonAtomicFallback {
+	if st.w.stateWrites > 0 || st.w.checks {
+		err = fmt.Errorf("%w; the handler's state writes cannot fall back to a plain write (NonAtomicFallback applies to outputs only)", err)
+	}
+	if !x.config.NonAtomicFallback || st.w.stateWrites > 0 || st.w.checks {
 		x.stats.refused.Add(1)
 		st.abort()
 		return nil, err

@@ -361,11 +361,22 @@ func TestExactlyOnceOnACluster(t *testing.T) {
 		t.Cleanup(func() { _ = sub.Close() })
 		return sub
 	}
-	run := func(t *testing.T, in, out string, pub *valkeystream.Publisher, x *valkeystream.ExactlyOnce, calls *atomic.Int64) {
+	// run runs a transform from in to out; state, unless nil, adds the
+	// handler's state writes.
+	run := func(t *testing.T, in, out string, pub *valkeystream.Publisher, x *valkeystream.ExactlyOnce, calls *atomic.Int64, state ...func(*valkeystream.Step) error) {
 		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
 		require.NoError(t, err)
 		router.AddHandler("t", in, newSub("g-"+in), out, pub, func(msg *message.Message) ([]*message.Message, error) {
 			calls.Add(1)
+			for _, f := range state {
+				s, err := valkeystream.StepOf(msg.Context())
+				if err != nil {
+					return nil, err
+				}
+				if err := f(s); err != nil {
+					return nil, err
+				}
+			}
 			return []*message.Message{outputOf(msg)}, nil
 		}).AddMiddleware(x.Middleware)
 		go func() { _ = router.Run(context.Background()) }()
@@ -388,6 +399,40 @@ func TestExactlyOnceOnACluster(t *testing.T) {
 		n, err := client.XLen(context.Background(), out).Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(10), n)
+	})
+	t.Run("state keys in the input's slot", func(t *testing.T) {
+		in, out, count := "{"+base+"}.st-in", "{"+base+"}.st-out", "{"+base+"}:count"
+		pub := newPub()
+		x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, testLogger())
+		require.NoError(t, err)
+		var calls atomic.Int64
+		run(t, in, out, pub, x, &calls, func(s *valkeystream.Step) error { return s.IncrBy(count, 1) })
+		waitUntil(t, "committed", func() bool { return x.Stats().Committed == 10 })
+		assert.Equal(t, "10", client.Get(context.Background(), count).Val())
+		assert.Equal(t, int64(10), x.Stats().StateWrites)
+	})
+	t.Run("a state key in another slot is refused, even with the fallback", func(t *testing.T) {
+		in, out, other := "{"+base+"}.so-in", "{"+base+"}.so-out", base+":elsewhere"
+		pub := newPub()
+		x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub, NonAtomicFallback: true}, testLogger())
+		require.NoError(t, err)
+		var calls atomic.Int64
+		var refusals atomic.Int64
+		run(t, in, out, pub, x, &calls, func(s *valkeystream.Step) error {
+			err := s.Set(other, "x", 0)
+			if errors.Is(err, valkeystream.ErrNotAtomic) {
+				refusals.Add(1)
+			}
+			return err
+		})
+		waitUntil(t, "refused on several deliveries", func() bool { return refusals.Load() >= 10 })
+		assert.Zero(t, x.Stats().Committed)
+		assert.Zero(t, x.Stats().NonAtomic)
+		for _, key := range []string{other, out} { // two slots: two calls
+			n, err := client.Exists(context.Background(), key).Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "%s was written", key)
+		}
 	})
 	t.Run("topics in two slots fail before the handler runs", func(t *testing.T) {
 		in, out := base+".plain-in", base+".plain-out"

@@ -44,12 +44,17 @@ type step struct {
 // stepWrites are the script's keys and operations.
 type stepWrites struct {
 	keys  []string
-	types []byte // of each key after the first: 's' stream, 'z' sorted set, 'k' string
+	types []byte // of each key after the first: keyStream, keyString, ... (stepstate.go)
 	ops   []any
-	// outputs counts the messages written; delayedTo the streams of
-	// delayed ones, whose Subscribers of this process are woken.
-	outputs   int
-	delayedTo []string
+	// outputs counts the messages written, stateWrites the handler's
+	// writes to its own keys (Step); delayedTo the streams of delayed
+	// outputs, whose Subscribers of this process are woken.
+	outputs     int
+	stateWrites int
+	delayedTo   []string
+	// checks is set when the script must check the state before writing
+	// (Expect, ExpectField, IncrBy, HIncrBy).
+	checks bool
 }
 
 // plainOutput is one Publish call of a step's outputs.
@@ -134,8 +139,9 @@ func (st *step) add(p *Publisher, topic string, msgs []*message.Message, returne
 		return nil
 	}
 	saved := st.w
+	savedTypes := append([]byte(nil), st.w.types...) // key may change a type in place
 	restore := func(err error) error {
-		st.w.ops, st.w.keys, st.w.types, st.w.delayedTo = saved.ops, saved.keys, saved.types, saved.delayedTo
+		st.w.ops, st.w.keys, st.w.types, st.w.delayedTo = saved.ops, saved.keys, savedTypes, saved.delayedTo
 		return err
 	}
 	for i, m := range msgs {
@@ -176,7 +182,7 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 		if err != nil {
 			return err
 		}
-		i, err := st.key(dk, 'z')
+		i, err := st.key(dk, keyZSet)
 		if err != nil {
 			return err
 		}
@@ -184,7 +190,7 @@ func (st *step) addOutput(key string, trim trimming, fields []any, wait time.Dur
 		st.w.delayedTo = append(st.w.delayedTo, key)
 		return nil
 	}
-	i, err := st.key(key, 's')
+	i, err := st.key(key, keyStream)
 	if err != nil {
 		return err
 	}
@@ -212,7 +218,7 @@ func (st *step) addReturned(msgs []*message.Message) error {
 func (st *step) addMark(m *pendingMark) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	i, err := st.key(m.key, 'k')
+	i, err := st.key(m.key, keyString)
 	if err != nil {
 		return err
 	}
@@ -223,14 +229,37 @@ func (st *step) addMark(m *pendingMark) error {
 	return nil
 }
 
-// key returns the index in KEYS of key, adding it with its type. On a
-// cluster, a key outside the input's slot is refused (or, with
+// key returns the index in KEYS of key, adding it with its type. A key
+// the step already has must keep its type: a key of any type (DEL,
+// PEXPIRE) takes the first specific one, a stream the step writes
+// messages to takes no state write, and the input stream none at all. On
+// a cluster, a key outside the input's slot is refused (or, with
 // NonAtomicFallback, remembered).
 func (st *step) key(key string, typ byte) (int, error) {
 	for i, k := range st.w.keys {
-		if k == key {
-			return i + 1, nil
+		if k != key {
+			continue
 		}
+		if i == 0 {
+			if typ != keyStream {
+				return 0, fmt.Errorf("%w: it is the input stream, which the step acknowledges", ErrInvalidWrite)
+			}
+			return 1, nil
+		}
+		have := st.w.types[i-1]
+		switch {
+		case have == typ:
+		case have == keyStream:
+			return 0, fmt.Errorf("%w: the step writes messages to it (a stream), which takes no state write", ErrInvalidWrite)
+		case typ == keyStream:
+			return 0, fmt.Errorf("%w: the step writes it as a %s already, so no message can be written to it", ErrInvalidWrite, keyTypeNames[have])
+		case typ == keyAny:
+		case have == keyAny:
+			st.w.types[i-1] = typ
+		default:
+			return 0, fmt.Errorf("%w: the step writes it as a %s already, not a %s", ErrInvalidWrite, keyTypeNames[have], keyTypeNames[typ])
+		}
+		return i + 1, nil
 	}
 	if err := st.checkSlot(key); err != nil {
 		return 0, err
@@ -279,6 +308,9 @@ const whyAcknowledged = "acknowledged"
 type stepOutcome struct {
 	committed bool
 	why       string // when not committed: "acknowledged" or "delivered again to <consumer>, count <n>"
+	// changed, when not nil, is the expectation the state did not meet:
+	// nothing was written, and the input is still this delivery's.
+	changed *StateChangedError
 }
 
 // send runs the step's script once.
@@ -287,8 +319,12 @@ func (st *step) send(ctx context.Context) (stepOutcome, error) {
 	if st.src.deleteAcked {
 		ack = "XACKDEL"
 	}
-	args := make([]any, 0, 6+len(st.w.ops))
-	args = append(args, st.d.Group, st.d.Consumer, st.d.ID, st.d.Count, ack, string(st.w.types))
+	checks := "0"
+	if st.w.checks {
+		checks = "1"
+	}
+	args := make([]any, 0, 7+len(st.w.ops))
+	args = append(args, st.d.Group, st.d.Consumer, st.d.ID, st.d.Count, ack, string(st.w.types), checks)
 	args = append(args, st.w.ops...)
 	run, err := st.wait.Run(ctx, st.src.client, st.d.Stream, stepScript, st.w.keys, args...)
 	if err != nil && run == nil {
@@ -308,6 +344,9 @@ func (st *step) send(ctx context.Context) (stepOutcome, error) {
 			}
 		}
 		return stepOutcome{committed: true}, err
+	}
+	if len(reply) >= 4 && reply[0] == "changed" {
+		return stepOutcome{changed: &StateChangedError{Key: fmt.Sprint(reply[1]), Field: fmt.Sprint(reply[2]), Found: fmt.Sprint(reply[3])}}, nil
 	}
 	if len(reply) >= 3 {
 		return stepOutcome{why: fmt.Sprintf("delivered again to %v, delivery count %v", reply[1], reply[2])}, nil
@@ -343,12 +382,16 @@ func (st *step) finishInner(o markOutcome) {
 
 // stepScript is the step: if entry ARGV[3] of stream KEYS[1] is pending
 // for consumer ARGV[2] of group ARGV[1] with delivery count ARGV[4], it
-// checks the types of the other keys (ARGV[6], a letter per key), runs the
-// operations from ARGV[7] on (each: name, key index, argument count,
-// arguments), acknowledges the entry with ARGV[5] (XACK or XACKDEL) and
-// returns {"ok"}; otherwise it writes nothing and returns {"gone"} or
-// {"taken", consumer, count}. The checks come first, so that no write
-// precedes a refusal: a script's writes are not undone by a later error.
+// checks the types of the other keys (ARGV[6], a letter per key: '*' any),
+// then, when ARGV[7] is '1', the expectations of the handler and whether
+// the server would refuse an increment (following the step's own earlier
+// writes of those keys), runs the operations from ARGV[8] on (each: name,
+// key index, argument count, arguments), acknowledges the entry with
+// ARGV[5] (XACK or XACKDEL) and returns {"ok"}. Otherwise it writes
+// nothing and returns {"gone"}, {"taken", consumer, count}, {"changed",
+// key, field, value found} or an error naming the command and the key. The
+// checks come first, so that no write precedes a refusal: a script's
+// writes are not undone by a later error.
 var stepScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p == 0 then
@@ -357,29 +400,126 @@ end
 if p[1][2] ~= ARGV[2] or tonumber(p[1][4]) ~= tonumber(ARGV[4]) then
   return {'taken', p[1][2], p[1][4]}
 end
-local want = {s = 'stream', z = 'zset', k = 'string'}
+local function opOn(ki)
+  local j = 8
+  while j <= #ARGV do
+    if tonumber(ARGV[j + 1]) == ki then
+      return ARGV[j]
+    end
+    j = j + 3 + tonumber(ARGV[j + 2])
+  end
+  return 'write'
+end
+local function refuse(op, k, why)
+  return redis.error_reply('ERR ' .. op .. ' of key ' .. k .. ' refused: ' .. why .. ': nothing of the step was written')
+end
+local want = {s = 'stream', z = 'zset', k = 'string', h = 'hash', t = 'set'}
 for i = 2, #KEYS do
-  local t = redis.call('TYPE', KEYS[i])['ok']
   local w = want[string.sub(ARGV[6], i - 1, i - 1)]
-  if t ~= 'none' and t ~= w then
-    return redis.error_reply('WRONGTYPE key ' .. KEYS[i] .. ' holds a ' .. t .. ', not a ' .. w .. ': nothing of the step was written')
+  if w then
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    if t ~= 'none' and t ~= w then
+      return redis.error_reply('WRONGTYPE ' .. opOn(i) .. ' of key ' .. KEYS[i] .. ' refused: the key holds a ' .. t .. ', not a ' .. w .. ': nothing of the step was written')
+    end
+  end
+end
+local i
+if ARGV[7] == '1' then
+  local sv, hv = {}, {}
+  local lim = 9.2233720368547e18
+  local function isint(v)
+    return v == '0' or (#v <= 20 and string.match(v, '^%-?[1-9]%d*$') ~= nil)
+  end
+  local function hash(k)
+    local h = hv[k]
+    if h == nil then
+      h = {}
+      hv[k] = h
+    end
+    return h
+  end
+  local function incr(op, k, v, by)
+    if not v then
+      v = '0'
+    end
+    if not isint(v) then
+      return nil, refuse(op, k, 'it holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not an integer')
+    end
+    local r = tonumber(v) + tonumber(by)
+    if r >= lim or r <= -lim then
+      return nil, refuse(op, k, 'the result would overflow 64 bits')
+    end
+    return string.format('%.0f', r)
+  end
+  i = 8
+  while i <= #ARGV do
+    local op, k, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+    if op == 'EXPECT' then
+      local v = redis.call('GET', k) or ''
+      if v ~= ARGV[i + 3] then
+        return {'changed', k, '', v}
+      end
+    elseif op == 'EXPECTF' then
+      local v = redis.call('HGET', k, ARGV[i + 3]) or ''
+      if v ~= ARGV[i + 4] then
+        return {'changed', k, ARGV[i + 3], v}
+      end
+    elseif op == 'SET' then
+      sv[k] = ARGV[i + 3]
+    elseif op == 'DEL' then
+      sv[k] = false
+      hv[k] = {[0] = true}
+    elseif op == 'INCRBY' then
+      local v = sv[k]
+      if v == nil then
+        v = redis.call('GET', k)
+      end
+      local r, err = incr(op, k, v, ARGV[i + 3])
+      if err then
+        return err
+      end
+      sv[k] = r
+    elseif op == 'HSET' then
+      hash(k)[ARGV[i + 3]] = ARGV[i + 4]
+    elseif op == 'HDEL' then
+      local h = hash(k)
+      for j = 1, n do
+        h[ARGV[i + 2 + j]] = false
+      end
+    elseif op == 'HINCRBY' then
+      local h, f = hash(k), ARGV[i + 3]
+      local v = h[f]
+      if v == nil then
+        if h[0] then
+          v = false
+        else
+          v = redis.call('HGET', k, f)
+        end
+      end
+      local r, err = incr(op, k, v, ARGV[i + 4])
+      if err then
+        return err
+      end
+      h[f] = r
+    end
+    i = i + 3 + n
   end
 end
 local now
-local i = 7
+i = 8
 while i <= #ARGV do
   local op, k, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
-  local a = {}
-  for j = 1, n do
-    a[j] = ARGV[i + 2 + j]
-  end
   if op == 'DELAY' then
     if not now then
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
     end
-    redis.call('ZADD', k, 'NX', now + tonumber(a[1]), a[2])
-  else
+    redis.call('ZADD', k, 'NX', now + tonumber(ARGV[i + 3]), ARGV[i + 4])
+  elseif op ~= 'EXPECT' and op ~= 'EXPECTF' then
+    local a = {}
+    for j = 1, n do
+      a[j] = ARGV[i + 2 + j]
+    end
     redis.call(op, k, unpack(a))
   end
   i = i + 3 + n

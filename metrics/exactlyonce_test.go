@@ -14,7 +14,7 @@ import (
 )
 
 // An ExactlyOnce's counters after one committed step with two outputs and
-// one refused handling.
+// two state writes, and one refused handling.
 func TestExactlyOnceCounters(t *testing.T) {
 	srv := testserver.Start(t)
 	client := newClient(t, srv)
@@ -54,6 +54,16 @@ func TestExactlyOnceCounters(t *testing.T) {
 		t.Fatal("no message")
 	}
 	_, err = x.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		step, err := valkeystream.StepOf(m.Context())
+		if err != nil {
+			return nil, err
+		}
+		if err := step.IncrBy("count", 1); err != nil {
+			return nil, err
+		}
+		if err := step.HSet("last", "uuid", m.UUID); err != nil {
+			return nil, err
+		}
 		for range 2 {
 			out := message.NewMessage(watermill.NewUUID(), nil)
 			out.SetContext(m.Context())
@@ -79,6 +89,8 @@ func TestExactlyOnceCounters(t *testing.T) {
 		"valkeystream_exactly_once_failed_total":         0,
 		"valkeystream_exactly_once_non_atomic_total":     0,
 		"valkeystream_exactly_once_not_replicated_total": 0,
+		"valkeystream_exactly_once_state_writes_total":   2,
+		"valkeystream_exactly_once_state_changed_total":  0,
 	} {
 		g.want(t, name, "exactly_once=enrich", v)
 	}

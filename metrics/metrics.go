@@ -303,6 +303,8 @@ var onceCounters = []struct {
 	{desc("exactly_once_non_atomic_total", "Handlings published the usual way (NonAtomicFallback): their outputs may repeat after a crash.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.NonAtomic }},
 	{desc("exactly_once_refused_total", "Handlings refused with ErrNotAtomic (keys in several slots, another client, no consumer group).", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.Refused }},
 	{desc("exactly_once_not_replicated_total", "Committed steps whose outputs fewer replicas than WaitReplicas confirmed in time.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.NotReplicated }},
+	{desc("exactly_once_state_writes_total", "Handlers' writes to their own keys (valkeystream.Step) applied by committed steps.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.StateWrites }},
+	{desc("exactly_once_state_changed_total", "Steps that wrote nothing because a key or field did not hold what the handler expected: the input was Nacked.", labelOnce), func(s valkeystream.ExactlyOnceStats) int64 { return s.StateChanged }},
 }
 
 // dedupCounters are the counters of valkeystream.DedupStats, in order.

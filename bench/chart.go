@@ -20,6 +20,7 @@ var chartColors = map[string]string{
 	sideIdempotent:       "#2ca25f",
 	sideIdempotentScript: "#99d8c9",
 	sideExactlyOnce:      "#6a51a3",
+	sideExactlyOnceState: "#9e9ac8",
 	sidePartitions1:      "#08306b",
 	sidePartitions8:      "#4292c6",
 }
@@ -35,12 +36,13 @@ var chartLabels = map[string]string{
 	sideIdempotent:       "valkeystream, idempotent",
 	sideIdempotentScript: "valkeystream, idempotent by script",
 	sideExactlyOnce:      "valkeystream, exactly-once",
+	sideExactlyOnceState: "valkeystream, exactly-once with 2 state writes",
 	sidePartitions1:      "valkeystream, 1 partition",
 	sidePartitions8:      "valkeystream, 8 partitions",
 }
 
 // chartSides is the order of the legend and of the bars within a group.
-var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideExactlyOnce, sidePartitions1, sidePartitions8, sideIncumbent, sideRaw, sideGoChannel}
+var chartSides = []string{sideValkeystream, sideMetrics, sideIdempotent, sideIdempotentScript, sideExactlyOnce, sideExactlyOnceState, sidePartitions1, sidePartitions8, sideIncumbent, sideRaw, sideGoChannel}
 
 // chartSize is the payload size the chart shows: 64 bytes if measured, else
 // the first size.

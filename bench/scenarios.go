@@ -94,7 +94,7 @@ var scenarios = []scenario{
 	},
 	{
 		id: "transform-router", title: "transform, router, 1 output per input",
-		sides:     []string{sideValkeystream, sideExactlyOnce, sideIncumbent},
+		sides:     []string{sideValkeystream, sideExactlyOnce, sideExactlyOnceState, sideIncumbent},
 		transform: true,
 	},
 	{

@@ -77,7 +77,7 @@ var sides = withPrefill(map[string]side{
 		publisher:  newValkeystreamPublisher,
 		fill:       fillValkeystream,
 		subscriber: newValkeystreamSubscriber,
-		transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, false) },
+		transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, false, false) },
 	},
 	sideIncumbent: {
 		name:       sideIncumbent,
@@ -103,6 +103,7 @@ var sides = withPrefill(map[string]side{
 	sideIdempotent:       idempotentSide,
 	sideIdempotentScript: idempotentScriptSide,
 	sideExactlyOnce:      exactlyOnceSide,
+	sideExactlyOnceState: exactlyOnceStateSide,
 	sidePartitions1:      partitions1Side,
 	sidePartitions8:      partitions8Side,
 })

@@ -30,7 +30,20 @@ var exactlyOnceSide = side{
 	name:       sideExactlyOnce,
 	fill:       fillValkeystream,
 	subscriber: newValkeystreamSubscriber,
-	transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, true) },
+	transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, true, false) },
+}
+
+// sideExactlyOnceState is the exactly-once transform whose handler also
+// adds two writes to its own keys to each step (an IncrBy of a counter and
+// an HSet of a hash field, see stateWrites):
+// the cost of state in the step over a step without it.
+const sideExactlyOnceState = "valkeystream+exactly-once+state"
+
+var exactlyOnceStateSide = side{
+	name:       sideExactlyOnceState,
+	fill:       fillValkeystream,
+	subscriber: newValkeystreamSubscriber,
+	transform:  func(sc *scope) (transformSetup, error) { return newValkeystreamTransform(sc, true, true) },
 }
 
 // transformSetup is what a side's transform run needs: the Subscriber of
@@ -48,8 +61,8 @@ func outputTopic(topic string) string { return topic + ".out" }
 // newValkeystreamTransform makes a Subscriber and a Publisher on one client
 // (ExactlyOnce needs them to share it; the plain side shares it too, so
 // that the two differ only in the middleware), with ExactlyOnce when
-// exactlyOnce.
-func newValkeystreamTransform(sc *scope, exactlyOnce bool) (transformSetup, error) {
+// exactlyOnce, and two state writes in each step when state.
+func newValkeystreamTransform(sc *scope, exactlyOnce, state bool) (transformSetup, error) {
 	client := sc.client()
 	sub, err := newValkeystreamSubscriber(sc, client)
 	if err != nil {
@@ -67,14 +80,45 @@ func newValkeystreamTransform(sc *scope, exactlyOnce bool) (transformSetup, erro
 			return transformSetup{}, fmt.Errorf("creating the ExactlyOnce middleware: %w", err)
 		}
 		setup.middleware = []message.HandlerMiddleware{x.Middleware}
+		if state {
+			setup.middleware = append(setup.middleware, stateWrites)
+		}
 		sc.onClose("exactly-once check", func() error {
-			if s := x.Stats(); s.Failed+s.Superseded+s.NonAtomic+s.Refused > 0 {
+			s := x.Stats()
+			if s.Failed+s.Superseded+s.NonAtomic+s.Refused > 0 {
 				return fmt.Errorf("exactly-once steps not all committed: %+v", s)
+			}
+			if state && s.StateWrites != 2*s.Committed {
+				return fmt.Errorf("exactly-once steps applied %d state writes for %d inputs, not two each", s.StateWrites, s.Committed)
 			}
 			return nil
 		})
 	}
 	return setup, nil
+}
+
+// stateWrites is the handler middleware of sideExactlyOnceState, inside
+// ExactlyOnce: it adds two writes to the step of each input, to the keys of
+// the last hex digit of its sequence number (16 keys of each kind), then
+// runs the handler.
+func stateWrites(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		step, err := valkeystream.StepOf(msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		if len(msg.Payload) < seqDigits {
+			return nil, fmt.Errorf("payload of %d bytes: no sequence number", len(msg.Payload))
+		}
+		k := "bench-state:" + string(msg.Payload[seqDigits-1:seqDigits])
+		if err := step.IncrBy(k+":count", 1); err != nil {
+			return nil, err
+		}
+		if err := step.HSet(k+":last", "uuid", msg.UUID); err != nil {
+			return nil, err
+		}
+		return h(msg)
+	}
 }
 
 // newIncumbentTransform makes watermill-redisstream's Subscriber and
@@ -223,7 +267,9 @@ func (r report) costRows(scn func(scenario) bool, compared func(side string) boo
 // valkeystream side's at each distance, from the medians, with the spread
 // of the paired runs of each repetition.
 func (r report) writeExactlyOnceCost(w *strings.Builder) {
-	rows := r.costRows(func(scn scenario) bool { return scn.transform }, func(name string) bool { return name == sideExactlyOnce })
+	rows := r.costRows(func(scn scenario) bool { return scn.transform }, func(name string) bool {
+		return name == sideExactlyOnce || name == sideExactlyOnceState
+	})
 	if len(rows) == 0 {
 		return
 	}

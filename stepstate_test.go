@@ -384,3 +384,71 @@ func mustInt64(s string) int64 {
 	}
 	return n
 }
+
+// A consumer cut off from the server while its handler runs loses the
+// input to a peer (its hold lapses past ClaimMinIdle), and the peer's step
+// commits; when the first handler returns, after the heal, its step finds
+// the input no longer its own and applies none of its writes.
+func TestStepOfACutOffConsumerAppliesNothingAfterAPeerTookOver(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	ctx := context.Background()
+	counter := e.topic + ":applied"
+	proxy := testserver.NewProxy(t, e.srv.Addr())
+	cutClient := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ReadTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = cutClient.Close() })
+	cutPub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: cutClient}, testLogger())
+	require.NoError(t, err)
+	cutX := e.exactlyOnce(cutPub)
+	msgs := e.subscribe(e.subscriber("g", "cut", shortClaim, onClient(cutClient)))
+	e.publish(1)
+	msg := receive(t, msgs)
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := cutX.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			s, err := valkeystream.StepOf(m.Context())
+			if err != nil {
+				return nil, err
+			}
+			if err := s.IncrBy(counter, 1); err != nil {
+				return nil, err
+			}
+			close(entered)
+			<-release
+			return nil, nil
+		})(msg)
+		done <- err
+	}()
+	<-entered
+	proxy.Cut()
+
+	pub := e.publisher()
+	x := e.exactlyOnce(pub)
+	e.runTransform(e.subscriber("g", "peer", shortClaim), pub, "", func(m *message.Message) ([]*message.Message, error) {
+		s, err := valkeystream.StepOf(m.Context())
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.IncrBy(counter, 1)
+	}, x.Middleware)
+	waitUntil(t, "the peer's step committed", func() bool { return x.Stats().Committed == 1 })
+
+	proxy.Heal()
+	close(release)
+	select {
+	case err := <-done:
+		// The step was sent after the heal, or failed on the cut
+		// connection and was sent again: either way it wrote nothing.
+		t.Logf("the cut-off handling returned %v; its stats %+v", err, cutX.Stats())
+	case <-time.After(receiveTimeout):
+		t.Fatal("the cut-off handling did not return")
+	}
+	msg.Ack()
+	// The data, not the counters: a step sent again after a connection
+	// error that finds its input acknowledged counts as committed (its
+	// first try may have been), though here the peer acknowledged it.
+	assert.Equal(t, "1", e.client.Get(ctx, counter).Val(), "the cut-off consumer's write was applied too")
+	assert.Zero(t, e.pendingCount(e.topic, "g"))
+}

@@ -59,4 +59,12 @@
 // Watermill's delay metadata (components/delay) that is due later waits in a
 // sorted set beside the stream ([DelayedKey]) until the running
 // subscriptions of its topic move it into the stream.
+//
+// # Exactly-once outputs and state
+//
+// The [ExactlyOnce] middleware writes what a handler publishes (or returns)
+// and its input's acknowledgement in one script on the server, fenced by the
+// entry's consumer and delivery count, so that an input's outputs exist once
+// however often its handler runs. The handler's writes to its own keys join
+// that step through [StepOf]: applied once per input, all or nothing.
 package valkeystream

@@ -46,3 +46,26 @@ func ExampleNewExactlyOnce() {
 	)
 	_ = router // router.Run(ctx) runs it
 }
+
+// A ledger's handler: the balance write and the record of the applied
+// event join the step of the input, with the output and the Ack, so each
+// event changes its account's balance once however often the handler runs.
+// The state keys carry the topics' hash tag, for a cluster.
+func ExampleStepOf() {
+	apply := func(msg *message.Message) ([]*message.Message, error) {
+		step, err := valkeystream.StepOf(msg.Context())
+		if err != nil {
+			return nil, err // the handler runs outside ExactlyOnce
+		}
+		account, cents := msg.Metadata.Get("account"), int64(250) // decoded from the payload
+		if err := step.IncrBy("{accounts}:balance:"+account, cents); err != nil {
+			return nil, err
+		}
+		if err := step.SAdd("{accounts}:applied:"+account, msg.UUID); err != nil {
+			return nil, err
+		}
+		changed := message.NewMessage(watermill.NewUUID(), []byte(account))
+		return []*message.Message{changed}, nil
+	}
+	_ = apply // router.AddHandler("apply", "{accounts}.events", sub, "{accounts}.balances", pub, apply).AddMiddleware(exactlyOnce.Middleware)
+}

@@ -426,9 +426,25 @@ end
 local i
 if ARGV[7] == '1' then
   local sv, hv = {}, {}
-  local lim = 9.2233720368547e18
-  local function isint(v)
-    return v == '0' or (#v <= 20 and string.match(v, '^%-?[1-9]%d*$') ~= nil)
+  -- A 64-bit integer as two exact doubles of one sign, hi * 1e9 + lo, so
+  -- that the range and the sums are checked exactly, as the server does.
+  local function int64(v)
+    if v == '0' then
+      return 0, 0
+    end
+    local neg, d = string.sub(v, 1, 1) == '-', v
+    if neg then
+      d = string.sub(v, 2)
+    end
+    if #d > 19 or not string.match(d, '^[1-9]%d*$') or
+        (#d == 19 and d > (neg and '9223372036854775808' or '9223372036854775807')) then
+      return nil
+    end
+    local hi, lo = tonumber(string.sub(d, 1, -10)) or 0, tonumber(string.sub(d, -9))
+    if neg then
+      return -hi, -lo
+    end
+    return hi, lo
   end
   local function hash(k)
     local h = hv[k]
@@ -442,14 +458,30 @@ if ARGV[7] == '1' then
     if not v then
       v = '0'
     end
-    if not isint(v) then
-      return nil, refuse(op, k, 'it holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not an integer')
+    local h1, l1 = int64(v)
+    if not h1 then
+      return nil, refuse(op, k, 'it holds ' .. string.format('%q', string.sub(v, 1, 40)) .. ', not an integer of 64 bits')
     end
-    local r = tonumber(v) + tonumber(by)
-    if r >= lim or r <= -lim then
+    local h2, l2 = int64(by)
+    local hi, lo = h1 + h2, l1 + l2
+    if lo >= 1e9 then
+      hi, lo = hi + 1, lo - 1e9
+    elseif lo <= -1e9 then
+      hi, lo = hi - 1, lo + 1e9
+    end
+    if hi > 0 and lo < 0 then
+      hi, lo = hi - 1, lo + 1e9
+    elseif hi < 0 and lo > 0 then
+      hi, lo = hi + 1, lo - 1e9
+    end
+    if hi > 9223372036 or (hi == 9223372036 and lo > 854775807) or
+        hi < -9223372036 or (hi == -9223372036 and lo < -854775808) then
       return nil, refuse(op, k, 'the result would overflow 64 bits')
     end
-    return string.format('%.0f', r)
+    if hi == 0 then
+      return string.format('%d', lo)
+    end
+    return string.format('%s%d%09d', hi < 0 and '-' or '', math.abs(hi), math.abs(lo))
   end
   i = 8
   while i <= #ARGV do

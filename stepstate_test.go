@@ -122,6 +122,28 @@ func TestStepRefusedByTheServerWritesNothing(t *testing.T) {
 			func(e *env, k func(string) string) { e.client.HSet(ctx, k("bad"), "n", "9223372036854775000") },
 			func(s *valkeystream.Step, k func(string) string) error { return s.HIncrBy(k("bad"), "n", 10_000) },
 			[]string{"HINCRBY", ":bad", "overflow"}},
+		{"an increment past the largest 64-bit integer",
+			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "9223372036854775807", 0) },
+			func(s *valkeystream.Step, k func(string) string) error { return s.IncrBy(k("bad"), 1) },
+			[]string{"INCRBY", ":bad", "overflow"}},
+		{"a second increment past the largest 64-bit integer",
+			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "9223372036854775806", 0) },
+			func(s *valkeystream.Step, k func(string) string) error {
+				return errors.Join(s.IncrBy(k("bad"), 1), s.IncrBy(k("bad"), 1))
+			},
+			[]string{"INCRBY", ":bad", "overflow"}},
+		{"an increment below the smallest 64-bit integer",
+			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "-9223372036854775808", 0) },
+			func(s *valkeystream.Step, k func(string) string) error { return s.IncrBy(k("bad"), -1) },
+			[]string{"INCRBY", ":bad", "overflow"}},
+		{"an increment of an integer too large for 64 bits",
+			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "10000000000000000000", 0) },
+			func(s *valkeystream.Step, k func(string) string) error { return s.IncrBy(k("bad"), -9000000000000000000) },
+			[]string{"INCRBY", ":bad", "not an integer"}},
+		{"an increment of an integer with a leading zero",
+			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "007", 0) },
+			func(s *valkeystream.Step, k func(string) string) error { return s.IncrBy(k("bad"), 1) },
+			[]string{"INCRBY", ":bad", "not an integer"}},
 		{"a set write to a sorted set",
 			func(e *env, k func(string) string) { e.client.ZAdd(ctx, k("bad"), redis.Z{Score: 1, Member: "m"}) },
 			func(s *valkeystream.Step, k func(string) string) error { return s.SAdd(k("bad"), "m") },
@@ -183,6 +205,41 @@ func TestStepIncrementFollowsTheStepsOwnWrites(t *testing.T) {
 	assert.Equal(t, "10", e.client.Get(ctx, k("a")).Val())
 	assert.Equal(t, "8", e.client.Get(ctx, k("b")).Val())
 	assert.Equal(t, "2", e.client.HGet(ctx, k("h"), "f").Val())
+}
+
+// Increments up to the ends of the 64-bit range are applied as the server
+// applies them: the script's check is exact there.
+func TestStepIncrementsReachTheEndsOfTheRange(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	ctx := context.Background()
+	k := func(name string) string { return e.topic + ":" + name }
+	start := map[string]string{
+		"max-1": "9223372036854775806", "max": "9223372036854775807",
+		"min+1": "-9223372036854775807", "near": "9223372036854700000", "cross": "-5",
+	}
+	for name, v := range start {
+		require.NoError(t, e.client.Set(ctx, k(name), v, 0).Err())
+	}
+	require.NoError(t, e.client.HSet(ctx, k("h"), "f", "-9223372036854775000").Err())
+	x := e.exactlyOnce(e.publisher())
+	msg, err := e.handleOnce(x, func(m *message.Message, s *valkeystream.Step) error {
+		return errors.Join(
+			s.IncrBy(k("max-1"), 1), s.IncrBy(k("max"), -1), s.IncrBy(k("min+1"), -1),
+			s.IncrBy(k("near"), 75807), s.IncrBy(k("cross"), 1_000_000_005),
+			s.IncrBy(k("new"), -9223372036854775808),
+			s.HIncrBy(k("h"), "f", -808),
+		)
+	})
+	require.NoError(t, err)
+	msg.Ack()
+	for name, want := range map[string]string{
+		"max-1": "9223372036854775807", "max": "9223372036854775806", "min+1": "-9223372036854775808",
+		"near": "9223372036854775807", "cross": "1000000000", "new": "-9223372036854775808",
+	} {
+		assert.Equal(t, want, e.client.Get(ctx, k(name)).Val(), name)
+	}
+	assert.Equal(t, "-9223372036854775808", e.client.HGet(ctx, k("h"), "f").Val())
 }
 
 // Writes that cannot join a step are refused when added, and add nothing.

@@ -138,7 +138,9 @@ func TestStepRefusedByTheServerWritesNothing(t *testing.T) {
 			[]string{"INCRBY", ":bad", "overflow"}},
 		{"an increment of an integer too large for 64 bits",
 			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "10000000000000000000", 0) },
-			func(s *valkeystream.Step, k func(string) string) error { return s.IncrBy(k("bad"), -9000000000000000000) },
+			func(s *valkeystream.Step, k func(string) string) error {
+				return s.IncrBy(k("bad"), -9000000000000000000)
+			},
 			[]string{"INCRBY", ":bad", "not an integer"}},
 		{"an increment of an integer with a leading zero",
 			func(e *env, k func(string) string) { e.client.Set(ctx, k("bad"), "007", 0) },

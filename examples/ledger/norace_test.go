@@ -1,0 +1,6 @@
+//go:build !race
+
+package main
+
+// raceEnabled is true in a build with the race detector.
+const raceEnabled = false

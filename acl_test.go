@@ -949,3 +949,58 @@ func TestACLExactlyOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), r.e.client.ZCard(ctx, delayedKey).Val(), "delayed outputs waiting")
 }
+
+// TestACLExactlyOnceStateWrites runs a handler that adds every kind of
+// state write and both expectations to its step, as the user of the docs'
+// Subscriber, Publisher, Exactly-once and Exactly-once state writes blocks.
+func TestACLExactlyOnceStateWrites(t *testing.T) {
+	testserver.Parallel(t)
+	ctx := context.Background()
+	r := newACLRun(t)
+	r.uses = map[string]bool{"DeleteAcked": r.srv.verbs.AckDel, "delayed messages": false, "WaitReplicas": false,
+		"the DeadLetter middleware's Publisher": false, "a Deduplicator": false,
+		"expectations and increments": true}
+	in, out, accounts := aclTopic(), aclTopic(), aclTopic()
+	r.grant(aclGrant{lines: aclBlock(t, "A consumer-group Subscriber"), names: strings.NewReplacer("orders", in)},
+		aclGrant{lines: aclBlock(t, "A Publisher"), names: strings.NewReplacer("orders", out)},
+		aclGrant{lines: aclExtra(t, "Exactly-once outputs"), names: strings.NewReplacer("orders", in, "enriched", out)},
+		aclGrant{lines: aclExtra(t, "Exactly-once state writes"), names: strings.NewReplacer("accounts", accounts), checked: true})
+	require.NoError(t, r.e.publisher().Publish(in, message.NewMessage(watermill.NewUUID(), []byte("placed"))))
+	r.start()
+
+	app := r.client()
+	sub, err := valkeystream.NewSubscriber(aclSubscriberConfig(app, r.uses["DeleteAcked"]), testLogger())
+	require.NoError(t, err)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
+	require.NoError(t, err)
+	x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, testLogger())
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
+	require.NoError(t, err)
+	k := func(name string) string { return accounts + ":" + name }
+	router.AddHandler("apply", in, sub, out, pub, func(msg *message.Message) ([]*message.Message, error) {
+		s, err := valkeystream.StepOf(msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, errors.Join(
+			s.Expect(k("version"), ""), s.ExpectField(k("hash"), "version", ""),
+			s.Set(k("string"), "v", time.Hour), s.Del(k("gone")), s.Expire(k("string"), time.Hour),
+			s.IncrBy(k("version"), 1),
+			s.HSet(k("hash"), "f", "v"), s.HIncrBy(k("hash"), "version", 1), s.HDel(k("hash"), "f"),
+			s.ZAdd(k("zset"), 1, "m"), s.ZRem(k("zset"), "other"),
+			s.SAdd(k("set"), "m"), s.SRem(k("set"), "other"),
+		)
+	}).AddMiddleware(x.Middleware)
+	r.e.startRouter(router)
+	waitUntil(t, "the step committed", func() bool { return x.Stats().Committed == 1 })
+	require.NoError(t, router.Close())
+
+	xs := x.Stats()
+	assert.Zero(t, xs.Failed+xs.Refused+xs.NonAtomic+xs.StateChanged, "steps that did not commit: %+v", xs)
+	assert.Equal(t, int64(11), xs.StateWrites)
+	r.noteFaults("Subscriber", sub.Stats().Faults)
+	r.check(nil)
+	assert.Equal(t, "1", r.e.client.Get(ctx, k("version")).Val())
+	assert.Equal(t, map[string]string{"version": "1"}, r.e.client.HGetAll(ctx, k("hash")).Val())
+}

@@ -118,6 +118,37 @@ func (l *errorLog) first(n int) string {
 // deadline for a hang, not a speed requirement.
 const receiveTimeout = 20 * time.Second
 
+// waitGrowing waits until count reaches n, for as long as it keeps growing:
+// it fails the test when count stays the same for receiveTimeout (a hang,
+// or entries nobody delivers), or when it has not reached n within
+// growingBound. what names what count counts, for the failure message.
+// It is for waits whose length is the machine's pace times a number of
+// messages, which a fixed receiveTimeout would turn into a speed
+// requirement on a loaded machine.
+func waitGrowing(t *testing.T, count func() int, n int, what string) {
+	t.Helper()
+	start := time.Now()
+	last, since := count(), start
+	for last < n {
+		time.Sleep(10 * time.Millisecond) // a poll's period, not a wait for an event
+		now := time.Now()
+		switch c := count(); {
+		case c != last:
+			last, since = c, now
+		case now.Sub(since) >= receiveTimeout:
+			t.Fatalf("%s: %d of %d, none more for %s", what, c, n, receiveTimeout)
+		}
+		if last < n && now.Sub(start) >= growingBound {
+			t.Fatalf("%s: %d of %d after %s", what, last, n, growingBound)
+		}
+	}
+}
+
+// growingBound bounds a wait of waitGrowing as a whole: a bound against a
+// loop that keeps delivering and never gets there, far above what a loaded
+// machine takes.
+const growingBound = 3 * time.Minute
+
 // assertTimings is set in stress runs (-tags stress, meant for a quiet
 // machine): the tests then also fail on the wall-clock bounds they
 // otherwise only log, which a loaded machine may exceed.

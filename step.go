@@ -273,15 +273,7 @@ func (st *step) key(key string, typ byte) (int, error) {
 // write key in one step with the input stream: on a cluster, another hash
 // slot; on a ring, another hash tag.
 func (st *step) checkSlot(key string) error {
-	input := st.d.Stream
-	same := true
-	switch st.src.client.(type) {
-	case *redis.ClusterClient:
-		same = slot.Of(key) == slot.Of(input)
-	case *redis.Ring:
-		same = slot.Tag(key) == slot.Tag(input)
-	}
-	if same {
+	if st.inInputSlot(key) {
 		return nil
 	}
 	if st.x.config.NonAtomicFallback {
@@ -291,7 +283,20 @@ func (st *step) checkSlot(key string) error {
 		return nil
 	}
 	return fmt.Errorf("%w: key %q is not in the cluster hash slot of stream %q, so it cannot be written in one step with the input's Ack: give the topics one hash tag, such as {orders}.in and {orders}.out (docs/reliability.md), or set ExactlyOnceConfig.NonAtomicFallback",
-		ErrNotAtomic, key, input)
+		ErrNotAtomic, key, st.d.Stream)
+}
+
+// inInputSlot reports whether the step's client can write key in one
+// script with the input stream: on a cluster, the same hash slot; on a
+// ring, the same hash tag; on one server, always.
+func (st *step) inInputSlot(key string) bool {
+	switch st.src.client.(type) {
+	case *redis.ClusterClient:
+		return slot.Of(key) == slot.Of(st.d.Stream)
+	case *redis.Ring:
+		return slot.Tag(key) == slot.Tag(st.d.Stream)
+	}
+	return true
 }
 
 // end closes the step to more outputs: the handler returned.

@@ -6,10 +6,6 @@ import (
 	"math"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/echomq/valkeystream/internal/slot"
 )
 
 // Step is the exactly-once step of one handling under [ExactlyOnce], as its
@@ -216,17 +212,9 @@ func (s *Step) write(cmd, key string, typ byte, args ...any) error {
 // on a ring, hash tag). Unlike an output, a state write has no plain way
 // to fall back to, so NonAtomicFallback does not apply to it.
 func (st *step) stateSlot(cmd, key string) error {
-	input := st.d.Stream
-	same := true
-	switch st.src.client.(type) {
-	case *redis.ClusterClient:
-		same = slot.Of(key) == slot.Of(input)
-	case *redis.Ring:
-		same = slot.Tag(key) == slot.Tag(input)
-	}
-	if same {
+	if st.inInputSlot(key) {
 		return nil
 	}
 	return fmt.Errorf("%w: %s of key %q: the key is not in the cluster hash slot of stream %q, so it cannot be written in one step with the input's Ack: give the state keys the input topic's hash tag, such as {accounts}:balance:42 for topic {accounts}.events",
-		ErrNotAtomic, cmd, key, input)
+		ErrNotAtomic, cmd, key, st.d.Stream)
 }

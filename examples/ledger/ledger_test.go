@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream"
-	"github.com/echomq/valkeystream/examples/internal/devserver"
+	"github.com/echomq/valkeystream/examples/internal/e2e"
 )
 
 const (
@@ -55,14 +50,8 @@ func TestLedger(t *testing.T) {
 	defer cancel()
 
 	bin := filepath.Join(t.TempDir(), "ledger")
-	args := []string{"build", "-o", bin, "."}
-	if raceEnabled {
-		args = []string{"build", "-race", "-o", bin, "."}
-	}
-	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	srv := startTestServer(ctx, t)
+	e2e.Build(ctx, t, bin, ".", e2e.RaceEnabled)
+	srv := e2e.StartServer(ctx, t)
 	t.Logf("server: %s at %s", srv.About, srv.Addr)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { client.Close() })
@@ -128,7 +117,7 @@ func TestLedger(t *testing.T) {
 	}
 	for k := range kills {
 		waitFor(ctx, t, "worker "+victim.name+" to apply events", func() (bool, string) {
-			victim.checkRunning(t)
+			victim.CheckRunning(t)
 			out.read(ctx, t)
 			if published-len(out.byEvent) < backlog && published < events-backlog {
 				publish(batch)
@@ -136,7 +125,7 @@ func TestLedger(t *testing.T) {
 			n := out.byWorker[victim.name]
 			return n >= handledBeforeKill, fmt.Sprintf("%d applied by %s, %d of %d published in all", n, victim.name, len(out.byEvent), published)
 		})
-		victim.kill(t)
+		victim.Kill(t)
 		victim = startWorker(ctx, t, bin, srv.Addr, fmt.Sprintf("w1.%d", k+1), k%2 == 0)
 		workers = append(workers, victim)
 	}
@@ -150,17 +139,17 @@ func TestLedger(t *testing.T) {
 	}
 	waitFor(ctx, t, "every event applied and nothing pending", func() (bool, string) {
 		out.read(ctx, t)
-		pending := pendingEntries(ctx, t, client, streams)
+		pending := e2e.PendingEntries(ctx, t, client, streams...)
 		return len(out.byEvent) == events && pending == 0,
 			fmt.Sprintf("%d of %d events have an output, %d pending", len(out.byEvent), events, pending)
 	})
 	for _, w := range append([]*worker{victim}, steady...) {
-		w.stop(t)
+		w.Stop(t, settleTimeout)
 	}
 	out.read(ctx, t) // anything written since, which would be a second output
 	for _, w := range workers {
-		if strings.Contains(w.output.String(), "WARNING: DATA RACE") {
-			t.Errorf("worker %s reported a data race:\n%s", w.name, w.output.String())
+		if strings.Contains(w.Output.String(), "WARNING: DATA RACE") {
+			t.Errorf("worker %s reported a data race:\n%s", w.name, w.Output.String())
 		}
 	}
 	t.Logf("events applied by worker: %v; %d of them delivered more than once", out.byWorker, out.again)
@@ -247,11 +236,8 @@ func (o *outputs) read(ctx context.Context, t *testing.T) {
 
 // worker is a ledger worker running as a child process.
 type worker struct {
-	name   string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	err    error       // cmd.Wait's, once exited is closed
-	output *syncBuffer // its stdout and stderr
+	*e2e.Process
+	name string
 }
 
 // How startWorker gives the worker its server address and consumer name.
@@ -264,154 +250,22 @@ const (
 // server at addr, and waits for its start line.
 func startWorker(ctx context.Context, t *testing.T, bin, addr, name string, byEnv bool) *worker {
 	t.Helper()
-	w := &worker{name: name, exited: make(chan struct{}), output: &syncBuffer{}}
 	args := []string{"-publish", "0", "-owner-ttl", testOwnerTTL.String()}
-	env := append(os.Environ(), "VALKEYSTREAM_ADDR=", "LEDGER_CONSUMER=")
-	if byEnv {
-		env = append(env, "VALKEYSTREAM_ADDR="+addr, "LEDGER_CONSUMER="+name)
-	} else {
-		args = append(args, "-addr", addr, "-consumer", name)
-	}
-	w.cmd = exec.Command(bin, args...)
-	w.cmd.Env = env
-	w.cmd.Stdout, w.cmd.Stderr = w.output, w.output
-	if err := w.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { w.err = w.cmd.Wait(); close(w.exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-w.exited:
-		default:
-			_ = w.cmd.Process.Kill()
-			<-w.exited
-		}
-		if t.Failed() {
-			t.Logf("worker %s (pid %d) output:\n%s", w.name, w.cmd.Process.Pid, w.output.String())
-		}
-	})
+	cmd := e2e.Command(bin, args, byEnv,
+		e2e.Setting{Flag: "-addr", Env: "VALKEYSTREAM_ADDR", Value: addr},
+		e2e.Setting{Flag: "-consumer", Env: "LEDGER_CONSUMER", Value: name})
+	w := &worker{Process: e2e.StartProcess(t, "worker "+name, cmd), name: name}
 	line := "worker " + name + ": "
 	waitFor(ctx, t, "worker "+name+" to start", func() (bool, string) {
-		w.checkRunning(t)
-		return strings.Contains(w.output.String(), line), "no line " + strconv.Quote(line)
+		w.CheckRunning(t)
+		return strings.Contains(w.Output.String(), line), "no line " + strconv.Quote(line)
 	})
 	return w
-}
-
-// checkRunning fails the test if the worker exited.
-func (w *worker) checkRunning(t *testing.T) {
-	t.Helper()
-	select {
-	case <-w.exited:
-		t.Fatalf("worker %s exited (%v):\n%s", w.name, w.err, w.output.String())
-	default:
-	}
-}
-
-// kill SIGKILLs the worker and waits for it to end.
-func (w *worker) kill(t *testing.T) {
-	t.Helper()
-	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-w.exited
-	t.Logf("worker %s (pid %d) killed", w.name, w.cmd.Process.Pid)
-}
-
-// stop sends SIGTERM and checks that the worker shuts down cleanly (and,
-// in a race build, without a race report, which would make it exit with
-// status 66).
-func (w *worker) stop(t *testing.T) {
-	t.Helper()
-	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-w.exited:
-	case <-time.After(settleTimeout):
-		t.Fatalf("worker %s did not stop within %s of SIGTERM:\n%s", w.name, settleTimeout, w.output.String())
-	}
-	if w.err != nil || !strings.HasSuffix(strings.TrimSpace(w.output.String()), "stopped") {
-		t.Fatalf("worker %s did not stop cleanly (%v):\n%s", w.name, w.err, w.output.String())
-	}
-}
-
-// startTestServer starts a private server: VALKEYSTREAM_TEST_SERVER (a
-// binary name or path), else redis-server or valkey-server from PATH.
-func startTestServer(ctx context.Context, t *testing.T) *devserver.Server {
-	t.Helper()
-	names := []string{"redis-server", "valkey-server"}
-	if name := os.Getenv("VALKEYSTREAM_TEST_SERVER"); name != "" {
-		names = []string{name}
-	}
-	for _, name := range names {
-		bin, err := exec.LookPath(name)
-		if err != nil {
-			continue
-		}
-		srv, err := devserver.StartPrivate(ctx, bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Stop)
-		return srv
-	}
-	t.Fatalf("no server binary among %v: install one (apt-get install -y redis-server) or set VALKEYSTREAM_TEST_SERVER", names)
-	return nil
 }
 
 // waitFor polls cond every 20ms until it holds, failing the test with
 // cond's last description after settleTimeout.
 func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(settleTimeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: gave up after %s: %s", what, settleTimeout, state)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v: %s", what, ctx.Err(), state)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// pendingEntries sums the pending entries of every group of the streams.
-func pendingEntries(ctx context.Context, t *testing.T, c *redis.Client, streams []string) int64 {
-	t.Helper()
-	var n int64
-	for _, s := range streams {
-		groups, err := c.XInfoGroups(ctx, s).Result()
-		if err != nil {
-			t.Fatalf("XINFO GROUPS %s: %v", s, err)
-		}
-		for _, g := range groups {
-			n += g.Pending
-		}
-	}
-	return n
-}
-
-// syncBuffer is a bytes.Buffer safe for the writes of a child process'
-// stdout and stderr and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	e2e.WaitFor(ctx, t, what, settleTimeout, 20*time.Millisecond, cond)
 }

@@ -60,7 +60,7 @@ type options struct {
 
 func main() {
 	host, _ := os.Hostname()
-	addr := flag.String("addr", os.Getenv("VALKEYSTREAM_ADDR"), "host:port of the server (default $VALKEYSTREAM_ADDR; empty: start a private one)")
+	addr := devserver.AddrFlag()
 	o := options{}
 	flag.StringVar(&o.consumer, "consumer", envOr("LEDGER_CONSUMER", host), "this worker's consumer name in group "+group+" (default $LEDGER_CONSUMER, else the host name)")
 	flag.IntVar(&o.publish, "publish", -1, "sample events to publish at start (-1: 200 on a server the worker started itself, else 0)")
@@ -68,11 +68,8 @@ func main() {
 	flag.DurationVar(&o.ownerTTL, "owner-ttl", valkeystream.DefaultPartitionOwnerTTL, "how long the partitions of a worker that died wait before the others take them over (PartitionOwnerTTL)")
 	flag.BoolVar(&o.verbose, "v", false, "print Watermill's and valkeystream's logs")
 	flag.Parse()
-	if *addr != "" {
-		// devserver.Start uses the server at VALKEYSTREAM_ADDR.
-		if err := os.Setenv("VALKEYSTREAM_ADDR", *addr); err != nil {
-			log.Fatal(err)
-		}
+	if err := devserver.UseAddr(*addr); err != nil {
+		log.Fatal(err)
 	}
 	logger := log.New(os.Stdout, "ledger: ", log.Ltime|log.Lmicroseconds)
 	if err := run(logger, o); err != nil {
@@ -98,12 +95,7 @@ func run(logger *log.Logger, o options) error {
 		return err
 	}
 	defer srv.Stop()
-	if o.publish < 0 {
-		o.publish = 0
-		if os.Getenv("VALKEYSTREAM_ADDR") == "" {
-			o.publish = 200
-		}
-	}
+	o.publish = srv.Samples(o.publish, 200)
 	// A subscription keeps up to half of the pool in blocking reads, one
 	// per partition it owns: room for all of them.
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4 * partitions})

@@ -65,7 +65,7 @@ const maxDeliveries = 3
 const shutdownTimeout = 10 * time.Second
 
 func main() {
-	addr := flag.String("addr", os.Getenv("VALKEYSTREAM_ADDR"), "host:port of the server (default $VALKEYSTREAM_ADDR; empty: start a private one)")
+	addr := devserver.AddrFlag()
 	httpAddr := flag.String("http", envOr("SERVICE_HTTP_ADDR", "127.0.0.1:8080"), "address of the HTTP server (/metrics, /livez, /readyz; default $SERVICE_HTTP_ADDR, else 127.0.0.1:8080; port 0 picks a free one)")
 	o := options{}
 	flag.DurationVar(&o.reminderDelay, "reminder-delay", 5*time.Second, "how long after an order its payment reminder is due")
@@ -75,11 +75,8 @@ func main() {
 	flag.DurationVar(&o.sampleInterval, "sample-interval", metrics.DefaultSampleInterval, "how often /metrics samples the streams and groups on the server")
 	flag.Parse()
 	o.httpAddr = *httpAddr
-	if *addr != "" {
-		// devserver.Start uses the server at VALKEYSTREAM_ADDR.
-		if err := os.Setenv("VALKEYSTREAM_ADDR", *addr); err != nil {
-			log.Fatal(err)
-		}
+	if err := devserver.UseAddr(*addr); err != nil {
+		log.Fatal(err)
 	}
 
 	logger := log.New(os.Stdout, "service: ", log.Ltime|log.Lmicroseconds)
@@ -115,12 +112,7 @@ func run(logger *log.Logger, o options) error {
 		return err
 	}
 	defer srv.Stop()
-	if samples < 0 {
-		samples = 0
-		if os.Getenv("VALKEYSTREAM_ADDR") == "" {
-			samples = 10
-		}
-	}
+	samples = srv.Samples(samples, 10)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer client.Close()
 	if !o.handlers {

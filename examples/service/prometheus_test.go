@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/echomq/valkeystream/examples/internal/e2e"
 )
 
 // TestPrometheusFiresTheLagAlert runs a real Prometheus with the shipped
@@ -36,14 +38,8 @@ func TestPrometheusFiresTheLagAlert(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "service")
-	args := []string{"build", "-o", bin, "."}
-	if raceEnabled {
-		args = []string{"build", "-race", "-o", bin, "."}
-	}
-	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	srv := startTestServer(ctx, t)
+	e2e.Build(ctx, t, bin, ".", e2e.RaceEnabled)
+	srv := e2e.StartServer(ctx, t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { client.Close() })
 
@@ -132,10 +128,10 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(e2e.FreePort(t))
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr)
-	output := &syncBuffer{}
+	output := &e2e.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = output, output
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,8 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/echomq/valkeystream"
-	"github.com/echomq/valkeystream/examples/internal/devserver"
+	"github.com/echomq/valkeystream/examples/internal/e2e"
 )
 
 const (
@@ -51,20 +47,10 @@ func TestService(t *testing.T) {
 	bin := t.TempDir()
 	serviceBin := filepath.Join(bin, "service")
 	cliBin := filepath.Join(bin, "valkeystream")
-	build := [][]string{
-		{"build", "-o", serviceBin, "."},
-		{"build", "-o", cliBin, "github.com/echomq/valkeystream/cmd/valkeystream"},
-	}
-	if raceEnabled {
-		build[0] = append([]string{"build", "-race"}, build[0][1:]...)
-	}
-	for _, args := range build {
-		if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	e2e.Build(ctx, t, serviceBin, ".", e2e.RaceEnabled)
+	e2e.Build(ctx, t, cliBin, "github.com/echomq/valkeystream/cmd/valkeystream", false)
 
-	srv := startTestServer(ctx, t)
+	srv := e2e.StartServer(ctx, t)
 	t.Logf("server: %s at %s", srv.About, srv.Addr)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { client.Close() })
@@ -112,7 +98,7 @@ func TestService(t *testing.T) {
 		n := countKeys(ctx, t, client, shippedKey("*"))
 		return n >= orders/3, fmt.Sprintf("%d shipped", n)
 	})
-	svc.kill(t)
+	svc.Kill(t)
 	svc = startService(ctx, t, serviceBin, srv.Addr, byEnvironment)
 	if err := <-published; err != nil {
 		t.Fatal(err)
@@ -154,7 +140,7 @@ func TestService(t *testing.T) {
 	waitFor(ctx, t, "the replayed orders to be handled and nothing left pending", func() (bool, string) {
 		charged := countKeys(ctx, t, client, chargeKey("*"))
 		dead := deadLetters(ctx, t, client, deadStream)
-		pending := pendingEntries(ctx, t, client, "OrderPlaced", "PaymentReminderDue")
+		pending := e2e.PendingEntries(ctx, t, client, "OrderPlaced", "PaymentReminderDue")
 		want := orders - len(invalid)
 		return charged == want && dead == int64(len(invalid)) && pending == 0,
 			fmt.Sprintf("charged %d of %d, dead letters %d of %d, pending %d", charged, want, dead, len(invalid), pending)
@@ -163,7 +149,7 @@ func TestService(t *testing.T) {
 	// invalid orders given up again after the replay.
 	for _, id := range invalid {
 		waitFor(ctx, t, "the console to say order "+id+" was dead-lettered", func() (bool, string) {
-			for _, line := range strings.Split(svc.output.String(), "\n") {
+			for _, line := range strings.Split(svc.Output.String(), "\n") {
 				if strings.Contains(line, "published to the dead-letter topic") && strings.Contains(line, "order-"+id) {
 					return true, line
 				}
@@ -240,12 +226,9 @@ func TestService(t *testing.T) {
 
 // service is the service running as a child process.
 type service struct {
-	cmd    *exec.Cmd
-	url    string
-	exited chan struct{}
-	err    error         // cmd.Wait's, once exited is closed
-	output *syncBuffer   // its stdout and stderr
-	start  time.Duration // how long it took to become ready
+	*e2e.Process
+	url   string
+	start time.Duration // how long it took to become ready
 }
 
 // testBus returns the service's event bus on a Publisher of client, closed
@@ -291,123 +274,41 @@ const (
 // addresses.
 func startService(ctx context.Context, t *testing.T, bin, addr string, byEnv bool, extra ...string) *service {
 	t.Helper()
-	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	s := &service{url: "http://" + httpAddr, exited: make(chan struct{}), output: &syncBuffer{}}
+	httpAddr := "127.0.0.1:" + strconv.Itoa(e2e.FreePort(t))
 	args := append([]string{"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0"}, extra...)
-	env := append(os.Environ(), "VALKEYSTREAM_ADDR=", "SERVICE_HTTP_ADDR=")
-	if byEnv {
-		env = append(env, "VALKEYSTREAM_ADDR="+addr, "SERVICE_HTTP_ADDR="+httpAddr)
-	} else {
-		args = append(args, "-addr", addr, "-http", httpAddr)
-	}
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = env
-	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
+	cmd := e2e.Command(bin, args, byEnv,
+		e2e.Setting{Flag: "-addr", Env: "VALKEYSTREAM_ADDR", Value: addr},
+		e2e.Setting{Flag: "-http", Env: "SERVICE_HTTP_ADDR", Value: httpAddr})
 	began := time.Now()
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { s.err = s.cmd.Wait(); close(s.exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-s.exited:
-		default:
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-		}
-		if t.Failed() {
-			t.Logf("service (pid %d) output:\n%s", s.cmd.Process.Pid, s.output.String())
-		}
-	})
+	s := &service{Process: e2e.StartProcess(t, "service", cmd), url: "http://" + httpAddr}
 	waitFor(ctx, t, "the service to be ready", func() (bool, string) {
-		select {
-		case <-s.exited:
-			t.Fatalf("the service exited before it was ready (%v):\n%s", s.err, s.output.String())
-		default:
-		}
+		s.CheckRunning(t)
 		code, body := get(ctx, t, s.url+"/readyz")
 		return code == http.StatusOK, fmt.Sprintf("/readyz: %d %s", code, body)
 	})
 	s.start = time.Since(began)
-	if line := "at " + addr + " (the valkeystream command: VALKEYSTREAM_ADDR=" + addr + "); HTTP: " + s.url; !strings.Contains(s.output.String(), line) {
-		t.Fatalf("the service's output does not name its server and HTTP addresses (%q):\n%s", line, s.output.String())
+	if line := "at " + addr + " (the valkeystream command: VALKEYSTREAM_ADDR=" + addr + "); HTTP: " + s.url; !strings.Contains(s.Output.String(), line) {
+		t.Fatalf("the service's output does not name its server and HTTP addresses (%q):\n%s", line, s.Output.String())
 	}
-	t.Logf("service started (pid %d), ready after %s", s.cmd.Process.Pid, s.start.Round(time.Millisecond))
+	t.Logf("service started (pid %d), ready after %s", s.Cmd.Process.Pid, s.start.Round(time.Millisecond))
 	return s
 }
 
-// kill SIGKILLs the service and waits for it to end.
-func (s *service) kill(t *testing.T) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-s.exited
-	t.Logf("service (pid %d) killed", s.cmd.Process.Pid)
-}
-
-// stop sends SIGTERM and checks that the service shuts down cleanly (and,
-// in a race build, without a race report, which would make it exit with
-// status 66).
+// stop is Stop with the service's 30s, checking too that the output holds
+// its logger's lines.
 func (s *service) stop(t *testing.T) {
 	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	s.Stop(t, 30*time.Second)
+	if !strings.Contains(s.Output.String(), "service: ") {
+		t.Fatalf("the service did not stop cleanly (no line of its logger):\n%s", s.Output.String())
 	}
-	select {
-	case <-s.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the service did not stop within 30s of SIGTERM:\n%s", s.output.String())
-	}
-	if s.err != nil || !strings.Contains(s.output.String(), "service: ") ||
-		!strings.HasSuffix(strings.TrimSpace(s.output.String()), "stopped") {
-		t.Fatalf("the service did not stop cleanly (%v):\n%s", s.err, s.output.String())
-	}
-}
-
-// startTestServer starts a private server: VALKEYSTREAM_TEST_SERVER (a
-// binary name or path), else redis-server or valkey-server from PATH.
-func startTestServer(ctx context.Context, t *testing.T) *devserver.Server {
-	t.Helper()
-	names := []string{"redis-server", "valkey-server"}
-	if name := os.Getenv("VALKEYSTREAM_TEST_SERVER"); name != "" {
-		names = []string{name}
-	}
-	for _, name := range names {
-		bin, err := exec.LookPath(name)
-		if err != nil {
-			continue
-		}
-		srv, err := devserver.StartPrivate(ctx, bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Stop)
-		return srv
-	}
-	t.Fatalf("no server binary among %v: install one (apt-get install -y redis-server) or set VALKEYSTREAM_TEST_SERVER", names)
-	return nil
 }
 
 // waitFor polls cond every 50ms until it holds, failing the test with
 // cond's last description after settleTimeout.
 func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(settleTimeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: gave up after %s: %s", what, settleTimeout, state)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v: %s", what, ctx.Err(), state)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	e2e.WaitFor(ctx, t, what, settleTimeout, 50*time.Millisecond, cond)
 }
 
 // countKeys counts the keys matching pattern.
@@ -420,22 +321,6 @@ func countKeys(ctx context.Context, t *testing.T, c *redis.Client, pattern strin
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatal(err)
-	}
-	return n
-}
-
-// pendingEntries sums the pending entries of every group of the streams.
-func pendingEntries(ctx context.Context, t *testing.T, c *redis.Client, streams ...string) int64 {
-	t.Helper()
-	var n int64
-	for _, s := range streams {
-		groups, err := c.XInfoGroups(ctx, s).Result()
-		if err != nil {
-			t.Fatalf("XINFO GROUPS %s: %v", s, err)
-		}
-		for _, g := range groups {
-			n += g.Pending
-		}
 	}
 	return n
 }
@@ -460,34 +345,4 @@ func get(ctx context.Context, t *testing.T, url string) (int, string) {
 		return 0, err.Error()
 	}
 	return resp.StatusCode, string(body)
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer is a bytes.Buffer safe for the writes of a child process'
-// stdout and stderr and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

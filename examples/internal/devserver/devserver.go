@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -27,8 +28,26 @@ type Server struct {
 	About string // what it is, for the reader
 	// Embedded is true for the in-process miniredis.
 	Embedded bool
+	// External is true for the server at VALKEYSTREAM_ADDR, which the
+	// example did not start.
+	External bool
 	// Stop shuts down what Start started (a no-op for an external server).
 	Stop func()
+}
+
+// AddrFlag defines the -addr flag: the host:port of the server to use, by
+// default $VALKEYSTREAM_ADDR. Pass its value to UseAddr after flag.Parse.
+func AddrFlag() *string {
+	return flag.String("addr", os.Getenv("VALKEYSTREAM_ADDR"), "host:port of the server (default $VALKEYSTREAM_ADDR; empty: start a private one)")
+}
+
+// UseAddr makes Start use the server at addr, unless addr is empty, by
+// setting VALKEYSTREAM_ADDR.
+func UseAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	return os.Setenv("VALKEYSTREAM_ADDR", addr)
 }
 
 // Start picks the server, in this order:
@@ -45,7 +64,7 @@ func Start(ctx context.Context) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("server at VALKEYSTREAM_ADDR=%s: %w", addr, err)
 		}
-		return &Server{Addr: addr, About: about, Stop: func() {}}, nil
+		return &Server{Addr: addr, About: about, External: true, Stop: func() {}}, nil
 	}
 
 	for _, name := range []string{"valkey-server", "redis-server"} {
@@ -124,6 +143,20 @@ func StartPrivate(ctx context.Context, bin string) (*Server, error) {
 		return nil, err
 	}
 	return &Server{Addr: addr, About: about, Stop: stop}, nil
+}
+
+// Samples returns how many sample messages an example publishes at start:
+// n, or when n is negative (its flag left at -1), own on a server it started
+// itself and none on an external one, whose data may be someone else's.
+func (s *Server) Samples(n, own int) int {
+	switch {
+	case n >= 0:
+		return n
+	case s.External:
+		return 0
+	default:
+		return own
+	}
 }
 
 // freePort asks the kernel for a free port by listening on port 0, then

@@ -1,0 +1,6 @@
+//go:build !race
+
+package e2e
+
+// RaceEnabled is true in a build with the race detector.
+const RaceEnabled = false

@@ -129,9 +129,10 @@ func waitGrowing(t *testing.T, count func() int, n int, what string) {
 	t.Helper()
 	start := time.Now()
 	last, since := count(), start
+	poll := time.NewTicker(10 * time.Millisecond) // count has no event to wait on: it is read each tick
+	defer poll.Stop()
 	for last < n {
-		time.Sleep(10 * time.Millisecond) // a poll's period, not a wait for an event
-		now := time.Now()
+		now := <-poll.C
 		switch c := count(); {
 		case c != last:
 			last, since = c, now

@@ -896,12 +896,7 @@ func TestACLExactlyOnce(t *testing.T) {
 	r.start()
 
 	app := r.client()
-	sub, err := valkeystream.NewSubscriber(aclSubscriberConfig(app, r.uses["DeleteAcked"]), testLogger())
-	require.NoError(t, err)
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
-	require.NoError(t, err)
-	x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, testLogger())
-	require.NoError(t, err)
+	sub, pub, x := r.exactlyOnce(app)
 	const running = 300 * time.Millisecond
 	dedup, err := valkeystream.NewDeduplicator(valkeystream.DedupConfig{Client: app, RunningTTL: running}, testLogger())
 	require.NoError(t, err)
@@ -950,6 +945,19 @@ func TestACLExactlyOnce(t *testing.T) {
 	assert.Equal(t, int64(1), r.e.client.ZCard(ctx, delayedKey).Val(), "delayed outputs waiting")
 }
 
+// exactlyOnce returns a Subscriber, a Publisher and an ExactlyOnce on the
+// run user's client app.
+func (r *aclRun) exactlyOnce(app *redis.Client) (*valkeystream.Subscriber, *valkeystream.Publisher, *valkeystream.ExactlyOnce) {
+	r.t.Helper()
+	sub, err := valkeystream.NewSubscriber(aclSubscriberConfig(app, r.uses["DeleteAcked"]), testLogger())
+	require.NoError(r.t, err)
+	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
+	require.NoError(r.t, err)
+	x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, testLogger())
+	require.NoError(r.t, err)
+	return sub, pub, x
+}
+
 // TestACLExactlyOnceStateWrites runs a handler that adds every kind of
 // state write and both expectations to its step, as the user of the docs'
 // Subscriber, Publisher, Exactly-once and Exactly-once state writes blocks.
@@ -969,12 +977,7 @@ func TestACLExactlyOnceStateWrites(t *testing.T) {
 	r.start()
 
 	app := r.client()
-	sub, err := valkeystream.NewSubscriber(aclSubscriberConfig(app, r.uses["DeleteAcked"]), testLogger())
-	require.NoError(t, err)
-	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{Client: app}, testLogger())
-	require.NoError(t, err)
-	x, err := valkeystream.NewExactlyOnce(valkeystream.ExactlyOnceConfig{Publisher: pub}, testLogger())
-	require.NoError(t, err)
+	sub, pub, x := r.exactlyOnce(app)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: receiveTimeout}, testLogger())
 	require.NoError(t, err)
 	k := func(name string) string { return accounts + ":" + name }

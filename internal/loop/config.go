@@ -112,7 +112,8 @@ type Waiter interface {
 	// entries on its own then.
 	Covers() bool
 	// Wait waits up to d (for ever when negative), or until ctx ends, for up
-	// to count new entries.
+	// to count new entries. A failed read that covered the stream is
+	// returned wrapped in ErrSharedRead: its reader has logged it.
 	Wait(ctx context.Context, count int64, d time.Duration) (Waited, error)
 	// Leave ends the subscription's share and returns the ids of entries
 	// read for it and not taken, to hand back.

@@ -2,6 +2,7 @@ package loop
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -15,6 +16,13 @@ const (
 	backoffMax = 5 * time.Second
 )
 
+// ErrSharedRead wraps the error of a shared read (see Waiter) that failed.
+// The reader logs its failures, once per streak at Error; the loops it read
+// for handle one like a failed read of their own (they back off and drain)
+// but log it at Debug, so that a failing reader is one Error line, not one
+// per subscription and retry.
+var ErrSharedRead = errors.New("the shared read failed")
+
 // pauser waits for d or until ctx ends, and reports whether d passed. A
 // group loop keeps sending due Acks and renewing its hold meanwhile.
 type pauser func(ctx context.Context, d time.Duration) bool
@@ -24,7 +32,8 @@ type pauser func(ctx context.Context, d time.Duration) bool
 // consecutive failure (less while a failover may be under way: the
 // server's clients look for the new master).
 type retries struct {
-	n        int // consecutive failures
+	n        int  // consecutive failures
+	logged   bool // a failure of the streak was logged at Error
 	faults   *Counters
 	logger   watermill.LoggerAdapter
 	health   Health                                         // nil: not reported
@@ -44,11 +53,17 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 		delay = r.failover(err, delay)
 	}
 	fields := watermill.LogFields{"operation": what, "attempt": r.n, "retry_in": delay.String()}
-	if r.n == 1 {
+	switch {
+	case errors.Is(err, ErrSharedRead):
+		// Its reader logged it.
+		fields["error"] = err.Error()
+		r.logger.Debug("Stream call failed; retrying", fields)
+	case !r.logged:
 		// The first failure of a streak is the one at Error; the retries
 		// that follow, at Info, until "Stream calls resumed".
+		r.logged = true
 		r.logger.Error("Stream call failed; retrying", err, fields)
-	} else {
+	default:
 		fields["error"] = err.Error()
 		r.logger.Info("Stream call failed again; retrying", fields)
 	}
@@ -57,13 +72,19 @@ func (r *retries) fail(ctx context.Context, what string, err error, pause pauser
 
 // succeeded ends a streak of failures.
 func (r *retries) succeeded() {
-	if r.n > 0 {
-		if r.health != nil {
-			r.health.Recovered()
-		}
-		r.logger.Info("Stream calls resumed", watermill.LogFields{"failed_attempts": r.n})
-		r.n = 0
+	if r.n == 0 {
+		return
 	}
+	if r.health != nil {
+		r.health.Recovered()
+	}
+	fields := watermill.LogFields{"failed_attempts": r.n}
+	if r.logged {
+		r.logger.Info("Stream calls resumed", fields)
+	} else {
+		r.logger.Debug("Stream calls resumed", fields)
+	}
+	r.n, r.logged = 0, false
 }
 
 // Backoff returns the wait before retry number attempt (1 for the first),

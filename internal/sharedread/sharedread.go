@@ -511,6 +511,7 @@ func (r *reader) readLoop() {
 	defer close(r.sig.done)
 	defer r.sig.stopNow()
 	defer func() { r.conn.Close() }() // reconnect may have replaced it
+	failures := 0                     // consecutive failed reads
 	for {
 		r.mu.Lock()
 		for !r.st.ending && !r.nextReadLocked() {
@@ -543,9 +544,65 @@ func (r *reader) readLoop() {
 			r.logger.Error("The shared read did not end as the reader ended; entries it may have taken are drained by this consumer name or reclaimed by peers after ClaimMinIdle", berr, nil)
 			return
 		}
+		if err == redis.Nil {
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("%w: %w", loop.ErrSharedRead, err)
+		}
 		r.handOut(r.keys, res, err)
-		if err != nil && err != redis.Nil {
-			r.reconnect()
+		if err == nil {
+			if failures > 0 {
+				r.logger.Info("The shared read resumed", watermill.LogFields{"failed_reads": failures})
+				failures = 0
+			}
+			continue
+		}
+		failures++ // counted in Faults by the subscriptions it fails
+		r.reconnect()
+		// The first failure is retried as soon as a subscription waits
+		// again (a Sentinel failover closes the connection once); the
+		// next ones after a backoff, since a client of one connection
+		// answers a dial for a second or so after the server came back
+		// with the error of its last one (go-redis).
+		var delay time.Duration
+		if failures > 1 {
+			delay = loop.Backoff(failures - 1)
+		}
+		fields := watermill.LogFields{"failed_reads": failures, "retry_in": delay.String(), "streams": len(r.keys)}
+		if failures == 1 {
+			r.logger.Error("The shared read failed; the subscriptions it read for drain their pending entries and wait for its next read", err, fields)
+		} else {
+			fields["error"] = err.Error()
+			r.logger.Info("The shared read failed again", fields)
+		}
+		if !r.pause(delay) {
+			return
+		}
+	}
+}
+
+// pause waits d before the next read, and reports false when the reader
+// ends meanwhile.
+func (r *reader) pause(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-r.sig.stop.Done():
+			return false
+		case <-r.sig.wake:
+			r.mu.Lock()
+			ending := r.st.ending
+			r.mu.Unlock()
+			if ending {
+				return false
+			}
 		}
 	}
 }
@@ -624,9 +681,6 @@ func (r *reader) nextReadLocked() bool {
 // error), parks the entries of members that stopped waiting, and hands back
 // those of streams whose subscription ended.
 func (r *reader) handOut(keys []string, res []redis.XStream, err error) {
-	if err == redis.Nil {
-		err = nil
-	}
 	var back map[string][]string
 	r.mu.Lock()
 	r.st.reading = false

@@ -418,11 +418,12 @@ func (l *Group) readShared(ctx context.Context) error {
 		}
 	}
 	if !w.Since.IsZero() && time.Since(w.Since) >= l.cfg.ClaimMinIdle/2 {
-		// Read long enough ago that a peer may have reclaimed them: check
-		// that they are still this consumer's, with their counts.
+		// Read long enough ago that a claim, a peer's or this loop's own,
+		// may have taken them: check that they are still this consumer's,
+		// and not delivered again since.
 		if es := l.unseen(es); len(es) == 0 {
 			return nil
-		} else if _, err := l.enqueueWithCounts(ctx, es); err != nil {
+		} else if err := l.enqueueParked(ctx, es); err != nil {
 			return fmt.Errorf("reading delivery counts of entries read ahead: %w", err)
 		}
 		return nil
@@ -546,6 +547,38 @@ func (l *Group) dropSeen(es []Entry, seen func(Entry) bool) []Entry {
 	return kept
 }
 
+// enqueueParked queues entries that a shared read parked for the loop long
+// enough ago that they may have been claimed since: those still this
+// consumer's, with the server's counts, less those whose count grew past
+// the one they were read with. A count grows only with a delivery: a claim
+// took the entry while it waited parked (idle for ClaimMinIdle) and
+// delivered it, this loop's own claim beat when the entry is still its own,
+// so the parked copy is not delivered a second time.
+func (l *Group) enqueueParked(ctx context.Context, es []Entry) error {
+	ids := make([]string, len(es))
+	for i, e := range es {
+		ids[i] = e.ID
+	}
+	counts, err := l.deps.Server.Hold(ctx, ids)
+	if err != nil {
+		return err
+	}
+	entries := make([]entry, 0, len(es))
+	kept := counts[:0]
+	for i, e := range es {
+		if read := max(e.Count, 1); counts[i] > read {
+			l.deps.Logger.Debug("An entry a shared read parked was delivered again by a claim since; not delivering the parked copy",
+				watermill.LogFields{"entry_id": e.ID, "read_count": read, "delivery_count": counts[i]})
+			continue
+		}
+		l.pre.read(e.Fields)
+		entries = append(entries, entry{id: e.ID, fields: e.Fields})
+		kept = append(kept, counts[i])
+	}
+	l.queueHeld(l.admit(entries, kept))
+	return nil
+}
+
 // enqueueWithCounts queues es, just read or claimed, with their delivery
 // counts from the pending list (see admit). It returns how many were queued.
 func (l *Group) enqueueWithCounts(ctx context.Context, es []Entry) (int, error) {
@@ -561,11 +594,17 @@ func (l *Group) enqueueWithCounts(ctx context.Context, es []Entry) (int, error) 
 		return 0, err
 	}
 	kept := l.admit(entries, counts)
+	l.queueHeld(kept)
+	return len(kept), nil
+}
+
+// queueHeld queues entries that Server.Hold found pending for this
+// consumer.
+func (l *Group) queueHeld(kept []entry) {
 	l.held.push(kept...)
 	for _, e := range kept {
 		l.later.forget(e.id) // claimed after its hold lapsed: this delivery replaces the deferred one
 	}
-	return len(kept), nil
 }
 
 // admit returns the entries that are pending for this consumer, with the

@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -316,5 +317,40 @@ func TestAFaultNeverHandsOutAnEntryTwice(t *testing.T) {
 	want := []string{"1-0#2", "2-0#2", "3-0#2", "4-0#1"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("delivered %v, want %v (the drain delivers the parked entries once); log:\n%s", got, want, strings.Join(srv.calls(), "\n"))
+	}
+}
+
+// Rule: an entry a shared read parked for the loop, which its own claim
+// beat took and delivered while it waited parked (it was idle for
+// ClaimMinIdle), is not delivered a second time from the parked copy: its
+// count grew past the read's. One still at the read's count is delivered,
+// and one a peer holds now is left to it.
+func TestAParkedEntryClaimedSinceIsNotDeliveredTwice(t *testing.T) {
+	srv := newFakeServer(0)
+	srv.pending["1-0"] = 1 // still as the shared read delivered it
+	srv.pending["2-0"] = 2 // the loop's own claim delivered it again
+	srv.pending["3-0"] = 3 // a read that claimed it (count 2), then a claim
+	srv.pending["4-0"] = 2 // claimed by the read, as it was read
+	srv.pending["5-0"] = 2
+	srv.take("5-0") // a peer's claim
+	cfg := testConfig()
+	l := newTestGroup(cfg, srv)
+	read := time.Now().Add(-cfg.ClaimMinIdle)  // parked that long ago
+	l.plan.drainBegan = read.Add(-time.Second) // and after the last drain began
+	var parked []Entry
+	for _, e := range []Entry{{ID: "1-0"}, {ID: "2-0"}, {ID: "3-0", Count: 2}, {ID: "4-0", Count: 2}, {ID: "5-0"}} {
+		e.Fields = fakeEntry(e.ID).Fields
+		parked = append(parked, e)
+	}
+	l.deps.Shared = &parkedWaiter{w: Waited{Entries: parked, Since: read}}
+	if err := l.readShared(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range l.held.queue {
+		got = append(got, fmt.Sprintf("%s:%d", e.id, e.count))
+	}
+	if want := []string{"1-0:1", "4-0:2"}; !slices.Equal(got, want) {
+		t.Fatalf("queued %v, want %v; log:\n%s", got, want, strings.Join(srv.calls(), "\n"))
 	}
 }

@@ -90,6 +90,7 @@ func TestIdleSubscriberChecksForDelayedMessagesRarely(t *testing.T) {
 				name = fmt.Sprintf("%d topics, AlwaysPollDelayed", topics)
 			}
 			t.Run(name, func(t *testing.T) {
+				testserver.Parallel(t) // each on a server of its own, whose commands it counts
 				exists, window := idleCost(t, topics, idle, watch)
 				if idle == valkeystream.AlwaysPollDelayed {
 					return // the figures to compare with
@@ -112,7 +113,13 @@ func TestIdleSubscriberChecksForDelayedMessagesRarely(t *testing.T) {
 // how long a window (from before the first INFO to after the last).
 func idleCost(t *testing.T, topics int, idle, watch time.Duration) (int64, time.Duration) {
 	e := newEnv(t)
-	sub := e.subscriber("", "", func(c *valkeystream.SubscriberConfig) {
+	// Each fan-out subscription holds a connection while it blocks: the
+	// pool has one for each, and more (docs/configuration.md, Client).
+	// With fewer, each Subscribe past the pool waited for a blocked read to
+	// time out.
+	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), PoolSize: topics + 16})
+	t.Cleanup(func() { _ = client.Close() })
+	sub := e.subscriber("", "", onClient(client), func(c *valkeystream.SubscriberConfig) {
 		c.Start = valkeystream.StartNew
 		c.DelayedIdlePollInterval = idle
 	})

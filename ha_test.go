@@ -70,6 +70,7 @@ func runUniversal(t *testing.T, newClient func() redis.UniversalClient) {
 			GuaranteedOrder:                     true,
 			GuaranteedOrderWithSingleSubscriber: true,
 			Persistent:                          true,
+			ForceShort:                          shortTopologySuites,
 		},
 			func(t *testing.T) (message.Publisher, message.Subscriber) {
 				return haPubSub(t, newClient, "universal-suite")
@@ -85,6 +86,7 @@ func runUniversal(t *testing.T, newClient func() redis.UniversalClient) {
 			GuaranteedOrderWithSingleSubscriber: true,
 			Persistent:                          true,
 			NewSubscriberReceivesOldMessages:    true,
+			ForceShort:                          shortTopologySuites,
 		},
 			func(t *testing.T) (message.Publisher, message.Subscriber) {
 				return haPubSub(t, newClient, "")

@@ -155,6 +155,16 @@ const growingBound = 3 * time.Minute
 // otherwise only log, which a loaded machine may exceed.
 var assertTimings = false
 
+// shortTopologySuites runs Watermill's universal suite in its short form
+// (ForceShort: 100 messages where it sends 5 000, 5 Nacks where it sends
+// 300) on the cluster, the Sentinel group and the partitioned topics of
+// several keys; the plain topics (TestPubSub, TestPubSubFanOut) and the
+// partitioned topic of one key (TestPubSubPartitionedOneKey) run it in
+// full. Every test of the suite runs on every topology either way; the
+// volume is the plain topics' and the crash audits'. Stress runs (-tags
+// stress) run the full form everywhere.
+var shortTopologySuites = true
+
 // env is one test's server, client and topic.
 type env struct {
 	t      *testing.T

@@ -116,6 +116,7 @@ func TestPubSubPartitioned(t *testing.T) {
 	features := tests.Features{
 		ConsumerGroups: true,
 		Persistent:     true,
+		ForceShort:     shortTopologySuites,
 	}
 	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {

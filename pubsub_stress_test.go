@@ -14,7 +14,7 @@ import (
 	"github.com/echomq/valkeystream/internal/testserver"
 )
 
-func init() { assertTimings = true }
+func init() { assertTimings, shortTopologySuites = true, false }
 
 // TestPubSubStress runs the universal suite (universalSuite) many times in
 // parallel (STRESS_TEST_COUNT, default 10), as Watermill's

@@ -28,6 +28,7 @@ import (
 // Without the prometheus binary (Debian: apt-get install prometheus) it
 // skips, unless VALKEYSTREAM_REQUIRE_PROMTOOL is set, as CI sets it.
 func TestPrometheusFiresTheLagAlert(t *testing.T) {
+	t.Parallel() // beside TestService: each runs a server of its own
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
 		if os.Getenv("VALKEYSTREAM_REQUIRE_PROMTOOL") != "" {

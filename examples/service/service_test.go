@@ -41,6 +41,7 @@ const (
 // Every order is charged, shipped and reminded once; no reminder comes
 // before its due time; nothing stays pending; the probes and metrics answer.
 func TestService(t *testing.T) {
+	t.Parallel() // beside TestPrometheusFiresTheLagAlert: each runs a server of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 

@@ -193,7 +193,9 @@ type SubscriberConfig struct {
 	// of another type (a ring) the blocking reads use this client, and each
 	// running subscription holds one of its connections while it blocks, so
 	// its PoolSize must exceed the number of subscriptions running at once;
-	// a fan-out subscription always does.
+	// a fan-out subscription always does (on a *redis.Client, a Subscriber
+	// whose fan-out subscriptions come to hold the whole pool logs it once,
+	// at Error).
 	Client redis.UniversalClient
 
 	// ConsumerGroup is the consumer group the subscriptions read through.

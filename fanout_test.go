@@ -2,10 +2,13 @@ package valkeystream_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -61,4 +64,36 @@ func TestFanOutDeliversEveryEntryToEverySubscriber(t *testing.T) {
 	_, err = e.client.XInfoGroups(context.Background(), e.topic).Result()
 	assert.NoError(t, err)
 	assert.Empty(t, e.client.XInfoGroups(context.Background(), e.topic).Val(), "fan-out creates no group")
+}
+
+// Each fan-out subscription holds a connection of the client while its
+// read blocks: a Subscriber whose fan-out subscriptions come to hold the
+// whole pool says so once, at Error, naming PoolSize, since the client's
+// other commands then wait for a read to time out. Below the pool it says
+// nothing.
+func TestFanOutSubscriptionsHoldingThePoolAreLogged(t *testing.T) {
+	testserver.Parallel(t)
+	e := newEnv(t)
+	client := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), PoolSize: 3})
+	t.Cleanup(func() { _ = client.Close() })
+	logger := watermill.NewCaptureLogger()
+	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{Client: client, Start: valkeystream.StartNew}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	poolLines := func() (n int) {
+		for _, l := range logger.Captured()[watermill.ErrorLogLevel] {
+			if strings.Contains(l.Msg, "PoolSize") {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range 2 {
+		e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
+	}
+	assert.Zero(t, poolLines(), "two fan-out subscriptions on a pool of three")
+	for i := 2; i < 4; i++ {
+		e.subscribeTo(sub, fmt.Sprintf("%s-%d", e.topic, i))
+	}
+	assert.Equal(t, 1, poolLines(), "four fan-out subscriptions on a pool of three: one line")
 }

@@ -36,6 +36,7 @@ type Subscriber struct {
 	pipes      *coalesce.Pipes      // the last round trips of subscriptions ending together
 	delayed    delayedMoves         // moves due delayed messages; see delay.go
 	partitions *partitionedTopics   // the layouts of Partitions; see partitioned.go
+	fanOuts    fanOutConns          // connections fan-out reads hold; see subscription.go
 }
 
 // lifecycle is how far a Subscriber is on its way to closed.
@@ -203,7 +204,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			abort()
 			return nil, s.closedOr(err)
 		}
-		run = s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
+		read := s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
+		s.fanOuts.hold(s.config.Client, s.logger)
+		run = func(ctx context.Context) {
+			defer s.fanOuts.release()
+			read(ctx)
+		}
 	} else {
 		logFields["consumer_group"] = s.config.ConsumerGroup
 		var err error

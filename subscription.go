@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -137,6 +138,39 @@ func (s *Subscriber) newFanOut(key, start string, health *subscriptionHealth, lo
 		},
 	}
 	return loop.NewFanOut(s.loopConfig(key, ""), deps, loop.RedisRead(s.config.Client, key), start, out)
+}
+
+// fanOutConns counts the fan-out subscriptions of a Subscriber, each of
+// which holds a connection of the user's client while its read blocks, and
+// logs once when they hold the whole pool: every other command of the
+// client then waits for a read to time out (BlockTime) before it gets a
+// connection, a Subscribe included.
+type fanOutConns struct {
+	mu     sync.Mutex
+	n      int
+	warned bool
+}
+
+// hold counts a fan-out subscription of client starting.
+func (f *fanOutConns) hold(client redis.UniversalClient, logger watermill.LoggerAdapter) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	c, ok := client.(*redis.Client) // a cluster's pools are per node, a ring's per shard
+	if !ok || f.warned || f.n < c.Options().PoolSize {
+		return
+	}
+	f.warned = true
+	logger.Error("Fan-out subscriptions hold every connection of the client's pool while their reads block: "+
+		"the client's other commands wait up to BlockTime for one. Give the client a PoolSize above the number of fan-out subscriptions (docs/configuration.md, Client)",
+		nil, watermill.LogFields{"fan_out_subscriptions": f.n, "pool_size": c.Options().PoolSize})
+}
+
+// release counts a fan-out subscription ended.
+func (f *fanOutConns) release() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
 }
 
 // fanOutStart resolves where a fan-out subscription begins. StartNew is turned

@@ -22,7 +22,7 @@ import (
 // acknowledged, which nothing here promises to keep (docs/reliability.md,
 // "Not promised"), and every check of the soak counts on them. Like
 // TestChaosSoak it runs only with VALKEYSTREAM_SOAK=1 (or =cluster), about
-// 2 minutes.
+// 90 s.
 func TestChaosSoakCluster(t *testing.T) {
 	soakWanted(t, "cluster")
 	testserver.Parallel(t) // beside the other tests: their load is one more fault

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,14 +42,8 @@ func TestAFailingSharedReadIsLoggedOnceAndBacksOff(t *testing.T) {
 	key := "failing-read-" + watermill.NewShortUUID()
 	require.NoError(t, admin.XGroupCreateMkStream(ctx, key, "g", "$").Err())
 
-	var wg sync.WaitGroup
-	spawn := func(f func()) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f() }()
-	}
-	var faults atomic.Int64
 	logger := watermill.NewCaptureLogger()
-	reg := NewRegistry(client, "g", 200*time.Millisecond, logger, &faults, spawn)
+	reg := newTestRegistry(client, 200*time.Millisecond, logger)
 	m := reg.Join(ctx, "c", key)
 	require.NotNil(t, m, "no shared reader")
 
@@ -79,7 +72,7 @@ func TestAFailingSharedReadIsLoggedOnceAndBacksOff(t *testing.T) {
 		stopWaiting()
 		<-waiting
 		m.Leave()
-		wg.Wait()
+		reg.goroutines.Wait()
 	}()
 
 	require.NoError(t, srv.Kill())

@@ -3,8 +3,6 @@ package sharedread
 import (
 	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,16 +48,10 @@ func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
 	key := "given-up-" + watermill.NewShortUUID()
 	require.NoError(t, admin.XGroupCreateMkStream(ctx, key, "g", "$").Err())
 
-	var wg sync.WaitGroup
-	spawn := func(f func()) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f() }()
-	}
-	var faults atomic.Int64
 	logger := watermill.NewCaptureLogger()
 	// The block is long enough that the read found blocked below is still
 	// blocked when the master is frozen.
-	reg := NewRegistry(client, "g", 3*time.Second, logger, &faults, spawn)
+	reg := newTestRegistry(client, 3*time.Second, logger)
 	m := reg.Join(ctx, "c", key)
 	require.NotNil(t, m, "no shared reader")
 	r := m.r
@@ -111,5 +103,5 @@ func TestAReadGivenUpClosesItsConnectionWhenItReturns(t *testing.T) {
 	case <-time.After(30 * time.Second): // a bound against a hang, not a measure
 		t.Fatalf("the reader's connection (CLIENT ID %d) was not closed after its read returned", id)
 	}
-	wg.Wait()
+	reg.goroutines.Wait()
 }

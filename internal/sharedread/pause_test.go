@@ -3,8 +3,6 @@ package sharedread
 import (
 	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,22 +49,16 @@ func TestAnInterruptDuringAWritePauseLeavesTheServerUp(t *testing.T) {
 	}
 	before := runID()
 
-	var wg sync.WaitGroup
-	spawn := func(f func()) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f() }()
-	}
-	var faults atomic.Int64
 	// The block is long enough that a read which was never interrupted
 	// would still be waiting when the test looks, and short enough that a
 	// failed interrupt costs the test a few seconds, not a failure.
-	reg := NewRegistry(client, "g", 3*time.Second, watermill.NopLogger{}, &faults, spawn)
+	reg := newTestRegistry(client, 3*time.Second, watermill.NopLogger{})
 	waitCtx, stopWaits := context.WithCancel(ctx)
 	got := make(chan string, 10)
 	wait := func(key string) {
 		m := reg.Join(ctx, "c", key)
 		require.NotNil(t, m, "no shared reader for %s", key)
-		spawn(func() {
+		reg.spawn(func() {
 			defer m.Leave()
 			for waitCtx.Err() == nil {
 				w, err := m.Wait(waitCtx, 10, -1)
@@ -110,5 +102,5 @@ func TestAnInterruptDuringAWritePauseLeavesTheServerUp(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{keys[0] + " 0", keys[1] + " 1", keys[2] + " 2"}, seen)
 	stopWaits()
-	wg.Wait()
+	reg.goroutines.Wait()
 }

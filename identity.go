@@ -44,7 +44,7 @@ func (s *Subscriber) leaseDeps(stream string, logger watermill.LoggerAdapter) le
 		Faults: &s.stats.Faults,
 		Spawn:  s.spawn, // the subscription holds the count above zero, so Close cannot be past Wait
 		Logger: logger,
-		Pipes:  s.pipes,
+		Pipes:  s.conns.pipes,
 		TakeError: func(name string, err error) error {
 			return s.leaseError(stream, name, err)
 		},

@@ -32,11 +32,16 @@ type Subscriber struct {
 	failover failover.Hints    // helps the client through a failover
 	verbs    *serverinfo.Known // the server's newer verbs (verbs.go)
 
-	shared     *sharedread.Registry // blocking reads shared by subscriptions
-	pipes      *coalesce.Pipes      // the last round trips of subscriptions ending together
-	delayed    delayedMoves         // moves due delayed messages; see delay.go
-	partitions *partitionedTopics   // the layouts of Partitions; see partitioned.go
-	fanOuts    fanOutConns          // connections fan-out reads hold; see subscription.go
+	conns      connections        // how subscriptions share the client's connections
+	delayed    delayedMoves       // moves due delayed messages; see delay.go
+	partitions *partitionedTopics // the layouts of Partitions; see partitioned.go
+}
+
+// connections is how a Subscriber's subscriptions share the user's client.
+type connections struct {
+	shared  *sharedread.Registry // blocking reads shared by group subscriptions
+	pipes   *coalesce.Pipes      // the last round trips of subscriptions ending together
+	fanOuts fanOutConns          // connections fan-out reads hold; see subscription.go
 }
 
 // lifecycle is how far a Subscriber is on its way to closed.
@@ -77,10 +82,10 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 		partitions: partitions,
 	}
 	s.verbs = serverinfo.NewKnown(config.Client, config.BaselineVerbs)
-	s.pipes = coalesce.New(config.Client, blockingWaits(config.Client))
-	s.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
+	s.conns.pipes = coalesce.New(config.Client, blockingWaits(config.Client))
+	s.conns.shared = sharedread.NewRegistry(config.Client, config.ConsumerGroup, config.BlockTime, logger, &s.stats.Faults, s.spawn)
 	if config.ClaimInterval != NoReclaim {
-		s.shared.ClaimInReads(func() time.Duration {
+		s.conns.shared.ClaimInReads(func() time.Duration {
 			// Only while the verbs are known: after Forget, until a loop's
 			// call has found them out again, reads claim nothing.
 			if v, known := s.verbs.Cached(); known && v.ClaimInRead {
@@ -205,9 +210,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			return nil, s.closedOr(err)
 		}
 		read := s.newFanOut(key, start, health, s.logger.With(logFields), out).Run
-		s.fanOuts.hold(s.config.Client, s.logger)
+		s.conns.fanOuts.hold(s.config.Client, s.logger)
 		run = func(ctx context.Context) {
-			defer s.fanOuts.release()
+			defer s.conns.fanOuts.release()
 			read(ctx)
 		}
 	} else {

@@ -57,7 +57,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 			Verbs:        s.serverVerbs,
 			Forget:       s.verbs.Forget,
 			Cached:       s.verbs.Cached,
-			Pipes:        s.pipes,
+			Pipes:        s.conns.pipes,
 		}),
 		Counters: &s.stats.Counters,
 		Logger:   logger,
@@ -79,7 +79,7 @@ func (s *Subscriber) newGroupLoop(ctx context.Context, cancel context.CancelFunc
 		Inherit: lease.heir,
 	}
 	// A nil *Member must not become a non-nil loop.Waiter.
-	if m := s.shared.Join(ctx, lease.name, key); m != nil {
+	if m := s.conns.shared.Join(ctx, lease.name, key); m != nil {
 		deps.Shared = m
 	}
 	return loop.NewGroup(cfg, deps, out)

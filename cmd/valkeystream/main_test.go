@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,11 @@ func ok(t *testing.T, addr string, args ...string) string {
 	}
 	return r.stdout
 }
+
+// anHourLess matches how a table shows an hour less the time since it was
+// set (a TTL of an hour, a message due in an hour): "1h0m0s" within half a
+// second, then "59m59s", "59m58s", ... on a loaded machine.
+var anHourLess = regexp.MustCompile(`\b(1h0m0s|59m[0-5]?[0-9]s)\b`)
 
 func decode[T any](t *testing.T, s string) T {
 	t.Helper()

@@ -104,7 +104,16 @@ func TestReport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tl.add(i+1, fails)
+		first := tl.add(i+1, fails)
+		var titles []string
+		for _, f := range first {
+			titles = append(titles, f.title())
+		}
+		// Shown at once under the run: run 2 fails TestFail again only.
+		want := map[int]string{0: "fx/a TestSub/bad, fx/a TestFail, fx/c [build failed], fx/b [panic: test timed out after 2s]"}[i]
+		if got := strings.Join(titles, ", "); got != want {
+			t.Errorf("run %d: first failures %q, want %q", i+1, got, want)
+		}
 	}
 	var b strings.Builder
 	tl.report(&b, 3)

@@ -16,8 +16,9 @@
 // -hog K keeps K goroutines spinning (K cores busy) while the runs go on,
 // as a loaded machine would, and stops them at the end.
 //
-// The finder prints each run's duration and result, then every test that
-// failed: its package and full name, in how many runs it failed, the
+// The finder prints each run's duration and result (and, under it, how a
+// test that failed for the first time failed: its command again and its
+// output's last lines), then, at the end, every test that failed: its package and full name, in how many runs it failed, the
 // -test.shuffle seed of each of those runs, a go test command that runs its
 // package again in the same order, and the last lines of its first failing
 // output (from the panic or data race report, if there is one). A package
@@ -141,7 +142,7 @@ func find(o options, w io.Writer) (bool, error) {
 			}
 			fails = append(fails, f...)
 		}
-		t.add(run, fails)
+		first := t.add(run, fails)
 		result := "ok"
 		if len(fails) > 0 {
 			titles := make([]string, len(fails))
@@ -151,6 +152,12 @@ func find(o options, w io.Writer) (bool, error) {
 			result = fmt.Sprintf("FAIL (%d): %s", len(fails), strings.Join(titles, ", "))
 		}
 		fmt.Fprintf(w, "run %d/%d  %v  %s\n", run, o.n, time.Since(start).Round(100*time.Millisecond), result)
+		// A failure seen for the first time is shown at once, so that a
+		// long series need not end before one can look into it.
+		for _, f := range first {
+			fmt.Fprintf(w, "--- FAIL %s (run %d, first seen)\n", f.title(), run)
+			f.show(w, o.tail)
+		}
 	}
 	fmt.Fprintln(w)
 	t.report(w, o.tail)

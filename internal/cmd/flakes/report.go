@@ -21,8 +21,9 @@ type tally struct {
 	flakes []*flake // in the order they first failed
 }
 
-// add records the failures of run number run.
-func (t *tally) add(run int, fails []failure) {
+// add records the failures of run number run, and returns those failing
+// for the first time.
+func (t *tally) add(run int, fails []failure) (first []failure) {
 	t.runs++
 	if len(fails) > 0 {
 		t.failed = append(t.failed, run)
@@ -34,12 +35,25 @@ func (t *tally) add(run int, fails []failure) {
 		if i < 0 {
 			i = len(t.flakes)
 			t.flakes = append(t.flakes, &flake{first: f})
+			first = append(first, f)
 		}
 		fl := t.flakes[i]
 		if !slices.Contains(fl.runs, run) {
 			fl.runs = append(fl.runs, run)
 			fl.seeds = append(fl.seeds, f.seed)
 		}
+	}
+	return first
+}
+
+// show writes how f failed: the command that runs its package again in the
+// same order, and up to tail lines of its output.
+func (f failure) show(w io.Writer, tail int) {
+	if f.rerun != "" {
+		fmt.Fprintf(w, "    again: %s\n", f.rerun)
+	}
+	for _, l := range excerpt(f.lines, tail) {
+		fmt.Fprintf(w, "    | %s\n", l)
 	}
 }
 
@@ -63,12 +77,7 @@ func (t *tally) report(w io.Writer, tail int) {
 			}
 		}
 		fmt.Fprintf(w, "\n--- FAIL %s: %d of %d runs (%s)\n", fl.first.title(), len(fl.runs), t.runs, strings.Join(where, ", "))
-		if fl.first.rerun != "" {
-			fmt.Fprintf(w, "    again: %s\n", fl.first.rerun)
-		}
-		for _, l := range excerpt(fl.first.lines, tail) {
-			fmt.Fprintf(w, "    | %s\n", l)
-		}
+		fl.first.show(w, tail)
 	}
 }
 

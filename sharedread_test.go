@@ -179,15 +179,20 @@ func TestManyTopicsShareAFewConnections(t *testing.T) {
 	for _, c := range cmds {
 		pending += int(c.(*redis.XPendingCmd).Val().Count)
 	}
-	assert.Zero(t, pending, "entries left pending by the Close")
-	// A release or last round trip past its bound (200 ms; ExitTimeout) is
-	// a fault, and a lease not released lapses after ConsumerLeaseTTL: on
-	// a machine loaded far past its cores (a CI pass beside a cluster
-	// soak) some do; that is asserted in stress runs, logged otherwise.
+	// A release or last round trip past its bound (loop.ExitTimeout) is a
+	// fault, and a lease not released lapses after ConsumerLeaseTTL; the
+	// Acks of a last round trip past its bound may not have reached the
+	// server, and those entries are delivered again. On a machine loaded
+	// far past its cores (the race detector, a busy core, the rest of the
+	// package beside it) some are: that is asserted in stress runs, logged
+	// otherwise. A Close that reported no fault left nothing pending.
 	leases, err := e.client.Keys(context.Background(), e.topic+"-*:lease:*").Result()
 	require.NoError(t, err)
 	closeFaults := sub.Stats().Faults - faults
-	t.Logf("faults during the Close: %d; consumer names not released: %d", closeFaults, len(leases))
+	t.Logf("faults during the Close: %d; consumer names not released: %d; entries left pending: %d", closeFaults, len(leases), pending)
+	if closeFaults == 0 || assertTimings {
+		assert.Zero(t, pending, "entries left pending by the Close")
+	}
 	if assertTimings {
 		assert.Zero(t, closeFaults, "faults during the Close (a last round trip or a name release past its bound)")
 		assert.Empty(t, leases, "consumer names not released by the Close")

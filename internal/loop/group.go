@@ -60,7 +60,11 @@ type entry struct {
 // the ones to hand back when the loop ends, which no handler has. It keeps
 // the ReadAhead gauge: the queue's length, summed over the loops.
 type held struct {
-	queue    []entry
+	queue []entry
+	// spare is the queue's array as of its last growth: push queues into
+	// it again once the queue is empty, so that a loop in a steady pace of
+	// reads queues without allocating.
+	spare    []entry
 	inFlight string // id of the entry in flight, or ""
 	giveBack []string
 	gauge    *atomic.Int64
@@ -68,7 +72,14 @@ type held struct {
 
 // push queues es after what is queued.
 func (h *held) push(es ...entry) {
+	if len(h.queue) == 0 {
+		h.queue = h.spare[:0] // pop cleared what it took
+	}
+	size := cap(h.queue)
 	h.queue = append(h.queue, es...)
+	if cap(h.queue) != size { // a new array, the queue at its start
+		h.spare = h.queue[:0]
+	}
 	h.gauge.Add(int64(len(es)))
 }
 
@@ -114,7 +125,7 @@ func (h *held) leave() []string {
 		h.giveBack = append(h.giveBack, e.id)
 	}
 	h.gauge.Add(-int64(len(h.queue)))
-	h.queue = nil
+	h.queue, h.spare = nil, nil
 	ids := h.giveBack
 	h.giveBack = nil
 	return ids
@@ -624,6 +635,7 @@ func (l *Group) admit(entries []entry, counts []int64) []entry {
 			kept = append(kept, e)
 		}
 	}
+	clear(entries[len(kept):]) // no message stays behind in the array
 	return kept
 }
 

@@ -70,62 +70,83 @@ func (f *Fence) err() error {
 // before the driver's beat notices). A handler that checks its message's
 // context before its side effects so never starts them on a partition
 // another member may own. Its Deadline and Values are parent's.
+//
+// It costs one allocation until something asks for its Done channel (a
+// router handler that never waits on its context does not): only then does
+// it watch its parent and the fence, so that the channel is closed when
+// either ends. Err asks both itself.
 func (f *Fence) Context(parent context.Context) context.Context {
-	c := &fencedContext{Context: parent, fence: f, done: make(chan struct{})}
-	stopParent := context.AfterFunc(parent, func() { c.end(parent.Err()) })
-	stopFence := context.AfterFunc(f.lapsed, func() { c.end(f.err()) })
-	c.mu.Lock()
-	c.stops = []func() bool{stopParent, stopFence}
-	ended := c.ended
-	c.mu.Unlock()
-	if ended {
-		stopParent()
-		stopFence()
-	}
-	return c
+	return &fencedContext{Context: parent, fence: f}
 }
 
 // fencedContext is a message context ended by its parent or by its fence.
 type fencedContext struct {
 	context.Context
 	fence *Fence
-	done  chan struct{}
-	once  sync.Once
-	err   atomic.Pointer[error]
+	err   atomic.Pointer[error] // set once, by end
 
 	mu    sync.Mutex
-	ended bool
-	stops []func() bool // unregister the AfterFuncs, once ended
+	done  chan struct{} // made by the first Done
+	stops []func() bool // unregister the watches of Done, once ended
 }
 
-// end ends the context with err, once, and unregisters what would end it.
+// end ends the context with err, unless it has ended already, and
+// unregisters what would end it.
 func (c *fencedContext) end(err error) {
-	c.once.Do(func() {
-		c.err.Store(&err)
-		close(c.done)
-		c.mu.Lock()
-		c.ended = true
-		stops := c.stops
+	c.mu.Lock()
+	if c.err.Load() != nil {
 		c.mu.Unlock()
-		for _, stop := range stops {
-			stop()
-		}
-	})
+		return
+	}
+	c.err.Store(&err)
+	if c.done != nil {
+		close(c.done)
+	}
+	stops := c.stops
+	c.stops = nil
+	c.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 }
 
-func (c *fencedContext) Done() <-chan struct{} { return c.done }
+// Done returns the channel closed when the context ends; the first call
+// makes it and starts watching the parent and the fence.
+func (c *fencedContext) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return c.done
+	}
+	c.done = make(chan struct{})
+	if c.err.Load() != nil {
+		close(c.done)
+		return c.done
+	}
+	// Each watch runs on a goroutine of its own (at once when its context
+	// has ended already), after this call has let go of mu.
+	parent, f := c.Context, c.fence
+	c.stops = []func() bool{
+		context.AfterFunc(parent, func() { c.end(parent.Err()) }),
+		context.AfterFunc(f.lapsed, func() { c.end(f.err()) }),
+	}
+	return c.done
+}
 
-// Err is the context's error. It checks the fence by the clock first, so
-// that a lapse is seen at once, and ends the context if it has lapsed.
+// Err is the context's error. It checks the parent, then the fence (a
+// lapse, then the clock), and ends the context at the first that ended.
 func (c *fencedContext) Err() error {
 	if e := c.err.Load(); e != nil {
 		return *e
 	}
-	if err := c.Context.Err(); err != nil {
-		c.end(err)
-	} else if !c.fence.Valid() {
+	switch {
+	case c.Context.Err() != nil:
+		c.end(c.Context.Err())
+	case c.fence.lapsed.Err() != nil:
 		c.end(c.fence.err())
-	} else {
+	case !c.fence.Valid():
+		c.end(c.fence.err())
+	default:
 		return nil
 	}
 	return *c.err.Load()

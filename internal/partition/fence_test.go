@@ -23,13 +23,16 @@ type fakeClock struct {
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Now(), read: make(chan struct{}, 1)} }
 
 func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	now := c.now
+	c.mu.Unlock()
+	// Told after the time was read: a jump the reader of read makes next
+	// is one this read did not see.
 	select {
 	case c.read <- struct{}{}:
 	default:
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
+	return now
 }
 
 func (c *fakeClock) jump(d time.Duration) {
@@ -142,4 +145,45 @@ func TestAMessageContextOfAnEndedParentOrFenceEndsAtOnce(t *testing.T) {
 	f.Lapse(ErrFenced)
 	ctx = f.Context(context.Background())
 	assert.ErrorIs(t, ctx.Err(), ErrFenced)
+}
+
+// A context whose Done nobody asked for (a router handler that never waits
+// on it) still ends: Err asks its parent and its fence, and a Done asked
+// for afterwards is closed already.
+func TestAMessageContextEndsWithoutItsDoneBeingAskedFor(t *testing.T) {
+	clock := newFakeClock()
+	f := testFence(clock, clock.Now().Add(10*time.Second))
+	parent, cancel := context.WithCancel(context.Background())
+	ctx := f.Context(parent)
+	cancel()
+	assert.Equal(t, context.Canceled, ctx.Err())
+	assert.True(t, closed(ctx.Done()))
+
+	ctx = f.Context(context.Background())
+	f.Lapse(ErrFenced)
+	assert.ErrorIs(t, ctx.Err(), ErrFenced)
+	assert.True(t, closed(ctx.Done()))
+}
+
+// Done and Err from many goroutines while the fence lapses: one end, seen
+// alike by all (run with -race).
+func TestAMessageContextEndsOnceForEveryone(t *testing.T) {
+	clock := newFakeClock()
+	f := testFence(clock, clock.Now().Add(10*time.Second))
+	ctx := f.Context(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			<-ctx.Done()
+			errs <- ctx.Err()
+		})
+	}
+	f.Lapse(ErrFenced)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.ErrorIs(t, err, ErrFenced)
+		assert.Same(t, ctx.Err(), err, "every goroutine sees the one error the context ended with")
+	}
 }

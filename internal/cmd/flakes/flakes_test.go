@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -168,5 +169,21 @@ func TestFind(t *testing.T) {
 	}
 	if want := "--- FAIL ./internal/nosuch [build failed]: 1 of 1 runs (run 1)\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("output lacks %q:\n%s", want, &b)
+	}
+}
+
+func TestSaveKeepsTheWholeOutput(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	f := failure{pkg: "fx/a", name: "TestFail", lines: []string{"first", "second"}}
+	path, err := f.save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "first\nsecond\n" {
+		t.Errorf("saved %q, want every line", got)
 	}
 }

@@ -17,8 +17,9 @@
 // as a loaded machine would, and stops them at the end.
 //
 // The finder prints each run's duration and result (and, under it, how a
-// test that failed for the first time failed: its command again and its
-// output's last lines), then, at the end, every test that failed: its package and full name, in how many runs it failed, the
+// test that failed for the first time failed: its command again, its
+// output's last lines, and a file in the temporary directory that holds
+// all of it), then, at the end, every test that failed: its package and full name, in how many runs it failed, the
 // -test.shuffle seed of each of those runs, a go test command that runs its
 // package again in the same order, and the last lines of its first failing
 // output (from the panic or data race report, if there is one). A package
@@ -157,6 +158,9 @@ func find(o options, w io.Writer) (bool, error) {
 		for _, f := range first {
 			fmt.Fprintf(w, "--- FAIL %s (run %d, first seen)\n", f.title(), run)
 			f.show(w, o.tail)
+			if path, err := f.save(); err == nil {
+				fmt.Fprintf(w, "    whole output: %s\n", path)
+			}
 		}
 	}
 	fmt.Fprintln(w)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 )
@@ -44,6 +45,19 @@ func (t *tally) add(run int, fails []failure) (first []failure) {
 		}
 	}
 	return first
+}
+
+// save writes the whole output of f to a new file in the temporary
+// directory and returns its path.
+func (f failure) save() (string, error) {
+	file, err := os.CreateTemp("", "flakes-*.log")
+	if err != nil {
+		return "", err
+	}
+	for _, l := range f.lines {
+		fmt.Fprintln(file, l)
+	}
+	return file.Name(), file.Close()
 }
 
 // show writes how f failed: the command that runs its package again in the

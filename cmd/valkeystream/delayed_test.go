@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -84,7 +83,7 @@ func TestDelayedList(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if !regexp.MustCompile(`in ` + anHourLess.String()).MatchString(out) {
+	if !inAnHourLess.MatchString(out) {
 		t.Errorf("table lacks when the first message is due, in about an hour:\n%s", out)
 	}
 	if strings.Contains(out, "second") || !strings.Contains(r.stderr, "showing the first 2 of 4") {
@@ -117,7 +116,7 @@ func TestDelayedShow(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if !regexp.MustCompile(`in ` + anHourLess.String()).MatchString(out) {
+	if !inAnHourLess.MatchString(out) {
 		t.Errorf("table lacks when the message is due, in about an hour:\n%s", out)
 	}
 	r := cli(t, addr, "", "delayed", "show", "orders.placed", "u-3", "--prefix", "shop:")

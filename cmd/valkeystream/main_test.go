@@ -90,6 +90,9 @@ func ok(t *testing.T, addr string, args ...string) string {
 // second, then "59m59s", "59m58s", ... on a loaded machine.
 var anHourLess = regexp.MustCompile(`\b(1h0m0s|59m[0-5]?[0-9]s)\b`)
 
+// inAnHourLess matches how a table shows a message due in an hour.
+var inAnHourLess = regexp.MustCompile(`in ` + anHourLess.String())
+
 func decode[T any](t *testing.T, s string) T {
 	t.Helper()
 	var v T

@@ -133,20 +133,17 @@ func (c *fencedContext) Done() <-chan struct{} {
 	return c.done
 }
 
-// Err is the context's error. It checks the parent, then the fence (a
-// lapse, then the clock), and ends the context at the first that ended.
+// Err is the context's error. It checks the parent, then the fence (its
+// lapse and the clock), and ends the context at the first that ended.
 func (c *fencedContext) Err() error {
 	if e := c.err.Load(); e != nil {
 		return *e
 	}
-	switch {
-	case c.Context.Err() != nil:
-		c.end(c.Context.Err())
-	case c.fence.lapsed.Err() != nil:
+	if err := c.Context.Err(); err != nil {
+		c.end(err)
+	} else if !c.fence.Valid() {
 		c.end(c.fence.err())
-	case !c.fence.Valid():
-		c.end(c.fence.err())
-	default:
+	} else {
 		return nil
 	}
 	return *c.err.Load()

@@ -19,10 +19,11 @@
 // The finder prints each run's duration and result (and, under it, how a
 // test that failed for the first time failed: its command again, its
 // output's last lines, and a file in the temporary directory that holds
-// all of it), then, at the end, every test that failed: its package and full name, in how many runs it failed, the
-// -test.shuffle seed of each of those runs, a go test command that runs its
-// package again in the same order, and the last lines of its first failing
-// output (from the panic or data race report, if there is one). A package
+// all of it), then, at the end, every test that failed: its package and
+// full name, in how many runs it failed, the -test.shuffle seed of each of
+// those runs, a go test command that runs its package again in the same
+// order, and the last lines of its first failing output (from the panic or
+// data race report, if there is one). A package
 // that did not build, or that failed with no failing test (a panic outside a
 // test, "panic: test timed out", TestMain's exit status), is reported as a
 // failure of the package (a package that does not exist is one that did not

@@ -416,7 +416,10 @@ func aclSubscriberConfig(client redis.UniversalClient, deleteAcked bool) valkeys
 		Client: client, ConsumerGroup: "g", Consumer: "app", Start: valkeystream.StartHead,
 		BlockTime: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 600 * time.Millisecond,
 		AckFlushInterval: 10 * time.Millisecond, NackResendDelay: 10 * time.Millisecond,
-		RemoveIdleConsumersAfter: time.Second, ConsumerLeaseTTL: 600 * time.Millisecond,
+		// Renewed every 600 ms: a renewal is seen soon, and a loaded machine
+		// does not let the first Subscriber's lease lapse before the second
+		// finds the name held.
+		RemoveIdleConsumersAfter: time.Second, ConsumerLeaseTTL: 3 * time.Second,
 		DelayedPollInterval: 20 * time.Millisecond, DelayedIdlePollInterval: 20 * time.Millisecond,
 		DeleteAcked: deleteAcked,
 	}
@@ -553,7 +556,7 @@ func subscriberLife(t *testing.T, r *aclRun, topic string, app *redis.Client, wi
 
 	for i, s := range subs {
 		stats := s.Stats()
-		assert.Zero(t, stats.Faults, "Subscriber %d: every call must be allowed", i)
+		r.noteFaults(fmt.Sprintf("Subscriber %d", i), stats.Faults)
 		assert.Equal(t, r.srv.verbs.String(), stats.Verbs, "Subscriber %d: the verbs found out", i)
 	}
 	r.checkVerbs(log, subs[0].Stats().Verbs)

@@ -576,17 +576,34 @@ func (l *Group) enqueueParked(ctx context.Context, es []Entry) error {
 	}
 	entries := make([]entry, 0, len(es))
 	kept := counts[:0]
+	claimed := make(map[string]bool)
 	for i, e := range es {
 		if read := max(e.Count, 1); counts[i] > read {
 			l.deps.Logger.Debug("An entry a shared read parked was delivered again by a claim since; not delivering the parked copy",
 				watermill.LogFields{"entry_id": e.ID, "read_count": read, "delivery_count": counts[i]})
 			continue
 		}
+		if e.Count > 1 {
+			claimed[e.ID] = true
+		}
 		l.pre.read(e.Fields)
 		entries = append(entries, entry{id: e.ID, fields: e.Fields})
 		kept = append(kept, counts[i])
 	}
-	l.queueHeld(l.admit(entries, kept))
+	queued := l.admit(entries, kept)
+	l.queueHeld(queued)
+	// Those the read claimed (Redis 8.4's XREADGROUP ... CLAIM) count as
+	// reclaimed, as they do when they are not parked (see enqueueNew).
+	n := 0
+	for _, e := range queued {
+		if claimed[e.id] {
+			n++
+		}
+	}
+	if n > 0 {
+		l.deps.Counters.Reclaimed.Add(int64(n))
+		l.deps.Logger.Info("Reclaimed idle entries in a read", watermill.LogFields{"entries": n})
+	}
 	return nil
 }
 

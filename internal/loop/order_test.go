@@ -353,4 +353,7 @@ func TestAParkedEntryClaimedSinceIsNotDeliveredTwice(t *testing.T) {
 	if want := []string{"1-0:1", "4-0:2"}; !slices.Equal(got, want) {
 		t.Fatalf("queued %v, want %v; log:\n%s", got, want, strings.Join(srv.calls(), "\n"))
 	}
+	if r := l.deps.Counters.Reclaimed.Load(); r != 1 {
+		t.Fatalf("Reclaimed = %d, want 1 (4-0, claimed by the read)", r)
+	}
 }

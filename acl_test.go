@@ -932,6 +932,12 @@ func TestACLExactlyOnce(t *testing.T) {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	}).AddMiddleware(dedup.Middleware, x.Middleware)
 	r.e.startRouter(router)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("handler attempts %d; ExactlyOnce %+v; Deduplicator %+v; Subscriber %+v",
+				attempts.Load(), x.Stats(), dedup.Stats(), sub.Stats())
+		}
+	})
 	waitUntil(t, "the step committed and the copy skipped", func() bool {
 		return x.Stats().Committed == 1 && dedup.Stats().Skipped == 1
 	})

@@ -64,6 +64,7 @@ func (p *partitionedPubSub) Subscribe(ctx context.Context, topic string) (<-chan
 		Start:             valkeystream.StartHead,
 		Partitions:        map[string]int{topic: p.n},
 		PartitionOwnerTTL: 2 * time.Second,
+		NackBackoffMax:    5 * time.Millisecond, // see shortNackBackoff
 	}, testLogger())
 	if err == nil {
 		p.subs = append(p.subs, sub)

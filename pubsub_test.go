@@ -3,6 +3,7 @@ package valkeystream_test
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
@@ -14,21 +15,26 @@ import (
 )
 
 // newPubSub returns a Publisher and a Subscriber, each with a client of its
-// own that its Close closes, and closes both when the test ends. An empty group makes a fan-out Subscriber. Every
-// timing is the shipped default.
-func newPubSub(t *testing.T, srv *testserver.Server, group string) (message.Publisher, message.Subscriber) {
+// own that its Close closes, and closes both when the test ends. An empty
+// group makes a fan-out Subscriber. Every timing is the shipped default,
+// but what edit changes.
+func newPubSub(t *testing.T, srv *testserver.Server, group string, edit ...func(*valkeystream.SubscriberConfig)) (message.Publisher, message.Subscriber) {
 	t.Helper()
 	pub, err := valkeystream.NewPublisher(valkeystream.PublisherConfig{
 		Client:      redis.NewClient(&redis.Options{Addr: srv.Addr()}),
 		CloseClient: true,
 	}, testLogger())
 	require.NoError(t, err)
-	sub, err := valkeystream.NewSubscriber(valkeystream.SubscriberConfig{
+	cfg := valkeystream.SubscriberConfig{
 		Client:        redis.NewClient(&redis.Options{Addr: srv.Addr()}),
 		CloseClient:   true,
 		ConsumerGroup: group,
 		Start:         valkeystream.StartHead,
-	}, testLogger())
+	}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	sub, err := valkeystream.NewSubscriber(cfg, testLogger())
 	require.NoError(t, err)
 	// The suite leaves some of them open; closed here, their clients do not
 	// outlive the server and keep redialing it in the background.
@@ -84,6 +90,11 @@ func TestPubSub(t *testing.T) {
 	)
 }
 
+// shortNackBackoff keeps the suite's 300 Nacks in a row
+// (TestContinueAfterErrors) from taking 30 s of a suite's run; TestPubSub
+// runs them with the shipped backoff.
+func shortNackBackoff(c *valkeystream.SubscriberConfig) { c.NackBackoffMax = 5 * time.Millisecond }
+
 // TestPubSubFanOut runs Watermill's universal suite without consumer groups:
 // every subscriber reads the whole stream from its head.
 func TestPubSubFanOut(t *testing.T) {
@@ -98,7 +109,7 @@ func TestPubSubFanOut(t *testing.T) {
 	}
 	universalSuite(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return newPubSub(t, srv, "")
+			return newPubSub(t, srv, "", shortNackBackoff)
 		},
 		nil,
 	)

@@ -252,6 +252,7 @@ func refusals(log []any) []string {
 // group and pending entries, dead letters, a delayed message, a
 // Deduplicator's mark and a partitioned topic with a live member.
 func TestACLReadingCommands(t *testing.T) {
+	testserver.Parallel(t)
 	r := newACLRun(t)
 	ctx := context.Background()
 	c := r.admin
@@ -309,6 +310,7 @@ func TestACLReadingCommands(t *testing.T) {
 // of the docs' block: of a plain topic, and of a partitioned one, whose dead
 // letters go back to their partitions.
 func TestACLDeadReplay(t *testing.T) {
+	testserver.Parallel(t)
 	for _, partitioned := range []bool{false, true} {
 		name := "plain"
 		if partitioned {

@@ -15,6 +15,7 @@ import (
 // On a cluster every command works through any one node: streams lists the
 // streams of every master, and the others follow their keys' slots.
 func TestCluster(t *testing.T) {
+	testserver.Parallel(t)
 	cl := testserver.StartCluster(t)
 	ctx := context.Background()
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})

@@ -68,6 +68,7 @@ func deadLetters(t *testing.T, c redis.UniversalClient, topic string, n int) []s
 }
 
 func TestDeadList(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	uuids := deadLetters(t, c, "orders", 3)
@@ -115,6 +116,7 @@ func streamUUIDs(t *testing.T, c redis.Cmdable, stream string) []string {
 }
 
 func TestDeadReplay(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx := context.Background()
@@ -224,6 +226,7 @@ func mustRange(t *testing.T, c *redis.Client, stream, id string) redis.XMessage 
 
 // Two runs at once append each dead letter once.
 func TestDeadReplayConcurrent(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	uuids := deadLetters(t, c, "orders", 20)
@@ -278,6 +281,7 @@ func redisSlot(key string) uint16 {
 }
 
 func TestPrune(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx := context.Background()
@@ -323,6 +327,7 @@ func TestPrune(t *testing.T) {
 
 // The script checks again at the moment of removal.
 func TestPruneScriptRechecks(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx := context.Background()

@@ -47,6 +47,7 @@ func newDedup(t *testing.T, c redis.UniversalClient, namespace string) *valkeyst
 }
 
 func TestDedupShow(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()
@@ -120,6 +121,7 @@ func TestDedupShow(t *testing.T) {
 }
 
 func TestDedupClear(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()

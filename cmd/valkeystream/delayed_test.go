@@ -39,6 +39,7 @@ func publishDelayed(t *testing.T, c redis.UniversalClient, prefix, topic, uuid s
 }
 
 func TestDelayedList(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()
@@ -97,6 +98,7 @@ func TestDelayedList(t *testing.T) {
 }
 
 func TestDelayedShow(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()
@@ -126,6 +128,7 @@ func TestDelayedShow(t *testing.T) {
 }
 
 func TestDelayedCancel(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()
@@ -184,6 +187,7 @@ func TestDelayedCancel(t *testing.T) {
 // each message, never both: the messages it reports "gone" are the ones the
 // Subscriber delivered, and the ones it cancelled never arrive.
 func TestDelayedCancelRacesTheMover(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

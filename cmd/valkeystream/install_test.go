@@ -24,6 +24,7 @@ import (
 // command's help, and the one-off go run against a private server (the
 // documented address replaced by the server's).
 func TestInstallFromAFreshClone(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })

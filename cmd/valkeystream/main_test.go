@@ -153,6 +153,7 @@ func checkAligned(t *testing.T, out string) {
 }
 
 func TestUsageAndExitCodes(t *testing.T) {
+	t.Parallel() // no server: the command alone
 	tests := []struct {
 		name     string
 		args     []string
@@ -178,6 +179,7 @@ func TestUsageAndExitCodes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := cli(t, "127.0.0.1:1", "", tc.args...)
 			if r.code != tc.wantCode {
 				t.Errorf("exit code %d, want %d; stderr: %s", r.code, tc.wantCode, r.stderr)
@@ -190,6 +192,7 @@ func TestUsageAndExitCodes(t *testing.T) {
 }
 
 func TestStreams(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx := context.Background()
@@ -265,6 +268,7 @@ func pendingFixture(t *testing.T, c redis.Cmdable) []string {
 }
 
 func TestGroup(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	pendingFixture(t, c)
@@ -311,6 +315,7 @@ func TestGroup(t *testing.T) {
 }
 
 func TestPending(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ids := pendingFixture(t, c)
@@ -371,6 +376,7 @@ func TestPending(t *testing.T) {
 }
 
 func TestEntry(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	id := add(t, c, "s", "the-uuid", "hello payload", map[string]string{"trace": "abc"})

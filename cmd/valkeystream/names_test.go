@@ -54,6 +54,7 @@ func prefixFixture(t *testing.T, c redis.Cmdable) []string {
 // Every command that takes a stream takes its topic, with the prefix given
 // by the flag or the environment, or its key.
 func TestCommandsTakeTopics(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ids := prefixFixture(t, c)
@@ -154,6 +155,7 @@ func addDeadLetter(t *testing.T, c redis.Cmdable, dead, from, uuid string) strin
 // Dead-letter commands take the source topic, the dead-letter topic or
 // the dead-letter stream's key.
 func TestDeadCommandsTakeTopics(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	addr := srv.Addr()

@@ -15,6 +15,7 @@ import (
 )
 
 func TestPartitions(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	parts := map[string]int{"orders": 4}
@@ -92,6 +93,7 @@ func TestPartitions(t *testing.T) {
 // again changes nothing, another one is refused, and so is a topic in use
 // as a plain one.
 func TestPartitionsDeclare(t *testing.T) {
+	testserver.Parallel(t)
 	srv := testserver.Start(t)
 	c := newClient(t, srv)
 	ctx := context.Background()

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // run1 is go test -json -shuffle=on output (times left out) of three
@@ -150,7 +152,9 @@ func TestFind(t *testing.T) {
 		t.Skip("runs go test")
 	}
 	var b bytes.Buffer
-	o := options{n: 2, hog: 1, tail: 5, run: "TestTag|TestCRC16", pkgs: []string{"./internal/slot"}, dir: "../../.."}
+	// No hog here: a busy core for the whole of this test would slow every
+	// test running beside it (TestHogStops covers it).
+	o := options{n: 2, tail: 5, run: "TestTag|TestCRC16", pkgs: []string{"./internal/slot"}, dir: "../../.."}
 	failed, err := find(o, &b)
 	if err != nil || failed {
 		t.Fatalf("find = %v, %v, want false, nil; output:\n%s", failed, err, &b)
@@ -169,6 +173,28 @@ func TestFind(t *testing.T) {
 	}
 	if want := "--- FAIL ./internal/nosuch [build failed]: 1 of 1 runs (run 1)\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("output lacks %q:\n%s", want, &b)
+	}
+}
+
+// TestHogStops starts a spinning goroutine, makes sure it spins, and
+// checks that stop ends it.
+func TestHogStops(t *testing.T) {
+	before := runtime.NumGoroutine()
+	procs := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(procs)
+	stop := hog(1)
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Errorf("GOMAXPROCS = %d with one core kept busy, want at least 2 (one for the finder)", runtime.GOMAXPROCS(0))
+	}
+	if n := runtime.NumGoroutine(); n != before+1 {
+		t.Errorf("%d goroutines while one core is kept busy, want %d", n, before+1)
+	}
+	stop()
+	// The spinner has called Done when stop returns; it ends right after.
+	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() != before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines 10 s after stop, want %d", runtime.NumGoroutine(), before)
+		}
 	}
 }
 

@@ -3,9 +3,10 @@
 //
 //	go run ./internal/cmd/flakes [-n runs] [-hog cores] [-run regexp] [-tags list] [-timeout d] [-tail lines] [packages]
 //
-// Without packages, each run is the README's test command: go test -race
-// -count=1 -parallel 8 ./... and the same (without -parallel 8) in the compat
-// and examples modules; all three run even when one fails. With packages,
+// Without packages, each run is the README's test command (see
+// internal/cmd/tests): go test -race -count=1 -parallel 8 ./... and the same
+// (without -parallel 8) in the compat and examples modules, side by side.
+// With packages,
 // each run is go test -race -count=1 -parallel 8 on those packages of this
 // module. -run, -tags and -timeout are passed to every go test. Every go
 // test gets -shuffle=on, so each run orders the tests of each package
@@ -47,6 +48,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/echomq/valkeystream/internal/testcmd"
 )
 
 // options are the finder's flags.
@@ -85,35 +88,25 @@ func main() {
 	}
 }
 
-// step is one go test invocation of a run.
-type step struct {
-	args []string // from "test" to the last flag of its own
-	pkgs []string
-}
-
-// steps returns the go test invocations of one run.
-func (o options) steps() []step {
-	own := []string{"test", "-race", "-count=1", "-parallel", "8"}
+// steps returns the go test invocations of one run: the test command's,
+// or one of this module's packages.
+func (o options) steps() []testcmd.Step {
 	if len(o.pkgs) > 0 {
-		return []step{{own, o.pkgs}}
+		return []testcmd.Step{{Args: testcmd.Own(), Pkgs: o.pkgs}}
 	}
-	return []step{
-		{own, []string{"./..."}},
-		{[]string{"test", "-C", "compat", "-race", "-count=1"}, []string{"./..."}},
-		{[]string{"test", "-C", "examples", "-race", "-count=1"}, []string{"./..."}},
-	}
+	return testcmd.Steps()
 }
 
-// command returns s's go arguments with -shuffle=shuffle, the flags o
-// passes on, and pkgs.
-func (o options) command(s step, shuffle string, pkgs ...string) []string {
-	args := append(append([]string(nil), s.args...), "-shuffle="+shuffle)
+// command returns s's go arguments with -shuffle=shuffle and the flags o
+// passes on, for pkgs.
+func (o options) command(s testcmd.Step, shuffle string, pkgs ...string) []string {
+	flags := []string{"-shuffle=" + shuffle}
 	for _, f := range []struct{ name, value string }{{"-run", o.run}, {"-tags", o.tags}, {"-timeout", o.timeout}} {
 		if f.value != "" {
-			args = append(args, f.name, f.value)
+			flags = append(flags, f.name, f.value)
 		}
 	}
-	return append(args, pkgs...)
+	return testcmd.Step{Args: s.Args, Pkgs: pkgs}.Command(flags...)
 }
 
 // find makes o.n runs, writes their results and the summary to w, and
@@ -124,9 +117,9 @@ func find(o options, w io.Writer) (bool, error) {
 	}
 	var cmds []string
 	for _, s := range o.steps() {
-		cmds = append(cmds, shell(o.command(s, "on", s.pkgs...)))
+		cmds = append(cmds, shell(o.command(s, "on", s.Pkgs...)))
 	}
-	fmt.Fprintf(w, "flakes: running %d times: %s", o.n, strings.Join(cmds, " && "))
+	fmt.Fprintf(w, "flakes: running %d times, side by side: %s", o.n, strings.Join(cmds, " & "))
 	if o.hog > 0 {
 		fmt.Fprintf(w, ", cores kept busy: %d", o.hog)
 	}
@@ -136,13 +129,9 @@ func find(o options, w io.Writer) (bool, error) {
 	var t tally
 	for run := 1; run <= o.n; run++ {
 		start := time.Now()
-		var fails []failure
-		for _, s := range o.steps() {
-			f, err := o.test(s)
-			if err != nil {
-				return false, err
-			}
-			fails = append(fails, f...)
+		fails, err := o.runSteps()
+		if err != nil {
+			return false, err
 		}
 		first := t.add(run, fails)
 		result := "ok"
@@ -169,10 +158,31 @@ func find(o options, w io.Writer) (bool, error) {
 	return len(t.failed) > 0, nil
 }
 
+// runSteps runs the steps of one run side by side, as the test command
+// does, and returns what failed in them, in the order of the steps.
+func (o options) runSteps() ([]failure, error) {
+	steps := o.steps()
+	fails := make([][]failure, len(steps))
+	errs := make([]error, len(steps))
+	var wg sync.WaitGroup
+	for i, s := range steps {
+		wg.Go(func() { fails[i], errs[i] = o.test(s) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	var all []failure
+	for _, f := range fails {
+		all = append(all, f...)
+	}
+	return all, nil
+}
+
 // test runs one go test and returns what failed in it. The error is go's
 // failing to start.
-func (o options) test(s step) ([]failure, error) {
-	cmd := exec.Command("go", o.command(s, "on", append([]string{"-json"}, s.pkgs...)...)...)
+func (o options) test(s testcmd.Step) ([]failure, error) {
+	cmd := exec.Command("go", o.command(s, "on", append([]string{"-json"}, s.Pkgs...)...)...)
 	cmd.Dir = o.dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -199,7 +209,7 @@ func (o options) test(s step) ([]failure, error) {
 		if perr != nil {
 			note = "reading its -json output: " + perr.Error()
 		}
-		fails = append(fails, failure{pkg: shell(s.args), note: note, lines: lines})
+		fails = append(fails, failure{pkg: shell(s.Args), note: note, lines: lines})
 	}
 	return fails, nil
 }

@@ -89,7 +89,7 @@ func (c *container) wait() error {
 	err := c.pool.Retry(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return ping(ctx, c.addr)
+		return ping(ctx, c.addr, 0)
 	})
 	if err != nil {
 		return fmt.Errorf("container %s at %s did not answer PING: %w", c.id(), c.addr, err)

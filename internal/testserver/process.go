@@ -189,7 +189,7 @@ func (s *supervisor) supervise(p *proc) {
 
 	ctx, cancel := context.WithTimeout(s.ctx, restartReadyTimeout)
 	defer cancel()
-	if err := waitPing(ctx, addr, np.done); err != nil {
+	if err := waitPing(ctx, addr, np.cmd.Process.Pid, np.done); err != nil {
 		select {
 		case <-np.done:
 			// It exited again (e.g. killed by the next RestartCommand);
@@ -293,7 +293,7 @@ func (s *supervisor) waitReady(p *proc) error {
 	}
 	s.mu.Unlock()
 	addr := s.spec.addr()
-	if err := waitPing(ctx, addr, stop); err != nil {
+	if err := waitPing(ctx, addr, p.cmd.Process.Pid, stop); err != nil {
 		select {
 		case <-stop:
 			return fmt.Errorf("server process exited before answering PING on %s (%v)%s", addr, p.exitErr, s.spec.logTail())

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,7 +229,7 @@ func startExternal(addr string) (*Server, error) {
 	s := &Server{kind: kindExternal, addr: addr, log: newTestLog(nil)}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	if err := waitPing(ctx, addr, nil); err != nil {
+	if err := waitPing(ctx, addr, 0, nil); err != nil {
 		return nil, err
 	}
 	if err := s.loadInfo(); err != nil {
@@ -287,7 +288,7 @@ func newClient(addr string) *redis.Client {
 // the port accepts connections: go-redis logs every failed dial to stderr
 // and, after failed dials, keeps returning the last dial error for up to a
 // second, which would make polling slow and noisy.
-func ping(ctx context.Context, addr string) error {
+func ping(ctx context.Context, addr string, pid int) error {
 	var d net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	conn, err := d.DialContext(dctx, "tcp", addr)
@@ -298,16 +299,38 @@ func ping(ctx context.Context, addr string) error {
 	_ = conn.Close()
 	c := newClient(addr)
 	defer c.Close()
-	return c.Ping(ctx).Err()
+	if err := c.Ping(ctx).Err(); err != nil || pid == 0 {
+		return err
+	}
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	if got := infoField(info, "process_id"); got != strconv.Itoa(pid) {
+		return fmt.Errorf("another server (process_id %s, not %d) answers on %s", got, pid, addr)
+	}
+	return nil
+}
+
+// infoField returns the value of field in an INFO reply, "" if it has none.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // waitPing polls addr with PING every 50 ms until it answers, ctx is done,
-// or (when non-nil) stop is closed.
-func waitPing(ctx context.Context, addr string, stop <-chan struct{}) error {
+// or (when non-nil) stop is closed. With a pid, only the server of that
+// process answers: one that a parallel test started on the same port (a
+// free port is free for any test until a server binds it) does not.
+func waitPing(ctx context.Context, addr string, pid int, stop <-chan struct{}) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		err := ping(ctx, addr)
+		err := ping(ctx, addr, pid)
 		if err == nil {
 			return nil
 		}

@@ -67,7 +67,8 @@ func (p *Process) Kill(t testing.TB) {
 
 // Stop sends SIGTERM and checks that the process shuts down cleanly within
 // timeout: it exits with status 0 (in a race build, a race report would
-// make it exit with status 66) and its last line ends "stopped".
+// make it exit with status 66) and its own last line ends "stopped" (see
+// stoppedLast).
 func (p *Process) Stop(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -78,9 +79,23 @@ func (p *Process) Stop(t testing.TB, timeout time.Duration) {
 	case <-time.After(timeout):
 		t.Fatalf("%s did not stop within %s of SIGTERM:\n%s", p.Name, timeout, p.Output.String())
 	}
-	if p.err != nil || !strings.HasSuffix(strings.TrimSpace(p.Output.String()), "stopped") {
+	if p.err != nil || !stoppedLast(p.Output.String()) {
 		t.Fatalf("%s did not stop cleanly (%v):\n%s", p.Name, p.err, p.Output.String())
 	}
+}
+
+// stoppedLast reports whether the last line of output that is not
+// go-redis' own ("redis: ...", which its pool may log as the client
+// closes) ends "stopped".
+func stoppedLast(output string) bool {
+	lines := strings.Split(strings.TrimSpace(output), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := strings.TrimSpace(lines[i])
+		if !strings.HasPrefix(line, "redis: ") {
+			return strings.HasSuffix(line, "stopped")
+		}
+	}
+	return false
 }
 
 // SyncBuffer is a bytes.Buffer safe for the writes of a child process'

@@ -9,8 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -270,27 +270,36 @@ const (
 	byEnvironment = true  // VALKEYSTREAM_ADDR and SERVICE_HTTP_ADDR
 )
 
-// startService starts the service binary against the server at addr and
-// waits until /readyz answers 200 and its first line has named both
-// addresses.
+// startService starts the service binary against the server at addr, with
+// an HTTP port the service picks itself (port 0: a port chosen here could
+// be taken by another test's process before the service binds it, and its
+// /readyz answered by that process), and waits until its first line has
+// named its server and HTTP addresses and /readyz answers 200.
 func startService(ctx context.Context, t *testing.T, bin, addr string, byEnv bool, extra ...string) *service {
 	t.Helper()
-	httpAddr := "127.0.0.1:" + strconv.Itoa(e2e.FreePort(t))
 	args := append([]string{"-reminder-delay", testReminderDelay.String(), "-sample-orders", "0"}, extra...)
 	cmd := e2e.Command(bin, args, byEnv,
 		e2e.Setting{Flag: "-addr", Env: "VALKEYSTREAM_ADDR", Value: addr},
-		e2e.Setting{Flag: "-http", Env: "SERVICE_HTTP_ADDR", Value: httpAddr})
+		e2e.Setting{Flag: "-http", Env: "SERVICE_HTTP_ADDR", Value: "127.0.0.1:0"})
 	began := time.Now()
-	s := &service{Process: e2e.StartProcess(t, "service", cmd), url: "http://" + httpAddr}
+	s := &service{Process: e2e.StartProcess(t, "service", cmd)}
+	named := regexp.MustCompile(`at ` + regexp.QuoteMeta(addr) + ` \(the valkeystream command: VALKEYSTREAM_ADDR=` +
+		regexp.QuoteMeta(addr) + `\); HTTP: (http://127\.0\.0\.1:[0-9]+) `)
+	waitFor(ctx, t, "the service to name its server and HTTP addresses", func() (bool, string) {
+		s.CheckRunning(t)
+		m := named.FindStringSubmatch(s.Output.String())
+		if m == nil {
+			return false, "output: " + s.Output.String()
+		}
+		s.url = m[1]
+		return true, ""
+	})
 	waitFor(ctx, t, "the service to be ready", func() (bool, string) {
 		s.CheckRunning(t)
 		code, body := get(ctx, t, s.url+"/readyz")
 		return code == http.StatusOK, fmt.Sprintf("/readyz: %d %s", code, body)
 	})
 	s.start = time.Since(began)
-	if line := "at " + addr + " (the valkeystream command: VALKEYSTREAM_ADDR=" + addr + "); HTTP: " + s.url; !strings.Contains(s.Output.String(), line) {
-		t.Fatalf("the service's output does not name its server and HTTP addresses (%q):\n%s", line, s.Output.String())
-	}
 	t.Logf("service started (pid %d), ready after %s", s.Cmd.Process.Pid, s.start.Round(time.Millisecond))
 	return s
 }

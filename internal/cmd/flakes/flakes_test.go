@@ -191,7 +191,7 @@ func TestHogStops(t *testing.T) {
 	}
 	stop()
 	// The spinner has called Done when stop returns; it ends right after.
-	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() != before; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() != before; time.Sleep(time.Millisecond) { // a poll until the deadline
 		if time.Now().After(deadline) {
 			t.Fatalf("%d goroutines 10 s after stop, want %d", runtime.NumGoroutine(), before)
 		}

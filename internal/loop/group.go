@@ -576,15 +576,11 @@ func (l *Group) enqueueParked(ctx context.Context, es []Entry) error {
 	}
 	entries := make([]entry, 0, len(es))
 	kept := counts[:0]
-	claimed := make(map[string]bool)
 	for i, e := range es {
 		if read := max(e.Count, 1); counts[i] > read {
 			l.deps.Logger.Debug("An entry a shared read parked was delivered again by a claim since; not delivering the parked copy",
 				watermill.LogFields{"entry_id": e.ID, "read_count": read, "delivery_count": counts[i]})
 			continue
-		}
-		if e.Count > 1 {
-			claimed[e.ID] = true
 		}
 		l.pre.read(e.Fields)
 		entries = append(entries, entry{id: e.ID, fields: e.Fields})
@@ -593,10 +589,12 @@ func (l *Group) enqueueParked(ctx context.Context, es []Entry) error {
 	queued := l.admit(entries, kept)
 	l.queueHeld(queued)
 	// Those the read claimed (Redis 8.4's XREADGROUP ... CLAIM) count as
-	// reclaimed, as they do when they are not parked (see enqueueNew).
+	// reclaimed, as they do when they are not parked (see enqueueNew): an
+	// entry queued here still has the count it was read with, above 1 only
+	// if the read claimed it.
 	n := 0
 	for _, e := range queued {
-		if claimed[e.id] {
+		if e.count > 1 {
 			n++
 		}
 	}

@@ -32,7 +32,7 @@ func TestPingWithAPidTellsAnotherServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, err := strconv.Atoi(infoField(info, "process_id"))
+	pid, err := strconv.Atoi(infoFields(info)["process_id"])
 	if err != nil {
 		t.Fatalf("process_id in INFO server: %v", err)
 	}

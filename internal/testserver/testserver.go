@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -306,20 +305,10 @@ func ping(ctx context.Context, addr string, pid int) error {
 	if err != nil {
 		return err
 	}
-	if got := infoField(info, "process_id"); got != strconv.Itoa(pid) {
+	if got := infoFields(info)["process_id"]; got != strconv.Itoa(pid) {
 		return fmt.Errorf("another server (process_id %s, not %d) answers on %s", got, pid, addr)
 	}
 	return nil
-}
-
-// infoField returns the value of field in an INFO reply, "" if it has none.
-func infoField(info, field string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // waitPing polls addr with PING every 50 ms until it answers, ctx is done,
@@ -362,16 +351,7 @@ func (s *Server) loadInfo() error {
 // Valkey reports server_name:valkey and valkey_version besides the
 // compatibility redis_version; Redis has no server_name.
 func parseServerInfo(info string) (name, version string) {
-	fields := make(map[string]string)
-	for _, line := range strings.Split(info, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			fields[k] = v
-		}
-	}
+	fields := infoFields(info)
 	name = fields["server_name"]
 	if name == "" {
 		name = "redis"
